@@ -405,3 +405,80 @@ fn a_try_that_cannot_tell_says_why_and_the_write_is_held_all_the_same() {
     );
     assert_eq!(bench.value("r0"), 4);
 }
+
+/// A proxy that signs in for its client: the client's password opens the proxy only, the
+/// login's own opens the server only — so no session of the login can go around the proxy.
+#[test]
+fn a_proxy_that_signs_in_keeps_the_logins_password_from_its_client() {
+    let url = &servers().postgres;
+    let login = format!("lockslab_sign_in_{}", std::process::id());
+    let (given, real) = ("given-to-the-client", "kept-by-lockslab");
+    let mut admin = Client::connect(&servers().postgres_admin, NoTls).unwrap();
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {login}; CREATE ROLE {login} LOGIN PASSWORD '{real}'"
+        ))
+        .unwrap();
+    let mut proxy = Proxy::start("test→postgres", proxy::upstream_of(url).unwrap()).unwrap();
+    proxy.watch_writes("lockslab_sign_in_records");
+    proxy.try_writes(Probe {
+        mark: "SELECT 0".into(),
+        rows_since: "unused".into(),
+    });
+    proxy.sign_in_for(proxy::SignIn {
+        login: login.clone(),
+        given: given.into(),
+        real: real.into(),
+    });
+    let as_login = |password: &str, to: &str| {
+        let (scheme_and_user, rest) = url.split_once('@').unwrap();
+        let scheme = &scheme_and_user[..scheme_and_user.find("//").unwrap() + 2];
+        let at = to.to_string() + &rest[rest.find('/').unwrap()..];
+        format!("{scheme}{login}:{password}@{at}")
+    };
+    let server = proxy::upstream_of(url).unwrap().to_string();
+    let through = proxy.addr().to_string();
+
+    let mut client = Client::connect(&as_login(given, &through), NoTls).unwrap();
+    let row = client
+        .query_one("SELECT current_user::text, pg_backend_pid()", &[])
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), login);
+    // The proxy still reads the server's side: it knows the session it opened.
+    assert!(proxy.sessions().pids.contains(&row.get::<_, i32>(1)));
+
+    let refused = |url: String| match Client::connect(&url, NoTls) {
+        Ok(_) => panic!("{url} was let in"),
+        Err(err) => format!("{err:?}"),
+    };
+    let straight = refused(as_login(given, &server));
+    assert!(straight.contains("28P01"), "{straight}");
+    let real_to_proxy = refused(as_login(real, &through));
+    assert!(real_to_proxy.contains("28P01"), "{real_to_proxy}");
+    let other_user = refused(url.replace(&server, &through));
+    assert!(other_user.contains("28000"), "{other_user}");
+
+    // libpq asks for TLS first (sslmode=prefer): the proxy says no, and signs in.
+    let psql = lockslab::servers::find_binary("psql", lockslab::connect::Backend::Postgres);
+    {
+        let psql = psql.unwrap();
+        let (host, port) = through.split_once(':').unwrap();
+        let database = url.rsplit('/').next().unwrap().split('?').next().unwrap();
+        let out = std::process::Command::new(psql)
+            .args(["-XAtc", "SELECT current_user"])
+            .arg(format!(
+                "host={host} port={port} user={login} dbname={database} sslmode=prefer"
+            ))
+            .env("PGPASSWORD", given)
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            login,
+            "{out:?}"
+        );
+    }
+    drop(client);
+    proxy.stop();
+    let _ = admin.batch_execute(&format!("DROP ROLE IF EXISTS {login}"));
+}

@@ -115,17 +115,16 @@ impl ClientRole {
     }
 }
 
-/// A login of `client`'s own, with a fresh password (sent to it on its stdin, in `init`'s
-/// URL; never on a command line), that becomes the clients' role as it connects: its
-/// tables are the role's, shared with the other clients. Its `search_path` is set on it:
-/// the run's schema, then the catalog, `pg_temp` last. A grader that is no superuser is
-/// made a member of it, to see its sessions (client port, last statement) and to end them.
-/// Returns the client's URL and its password.
-pub fn client_login(
-    db: &mut PgClient,
-    clients: &ClientRole,
-    client: &str,
-) -> Result<(String, String, String)> {
+/// A login of `client`'s own, with a fresh password, that becomes the clients' role as it
+/// connects: its tables are the role's, shared with the other clients. Its `search_path` is
+/// set on it: the run's schema, then the catalog, `pg_temp` last. A grader that is no
+/// superuser is made a member of it, to see its sessions (client port, last statement) and
+/// to end them.
+///
+/// Where the client's Postgres goes through a fault proxy, the proxy signs in with this
+/// password and the client is given one of the proxy's own ([`ClientLogin::url_through`]):
+/// only lockslab knows the login's, so no session of it can be opened around the proxy.
+pub fn client_login(db: &mut PgClient, clients: &ClientRole, client: &str) -> Result<ClientLogin> {
     let ClientRole {
         role, schema, at, ..
     } = clients;
@@ -142,8 +141,33 @@ pub fn client_login(
         db.batch_execute(&format!("GRANT {login} TO CURRENT_USER"))
             .context("letting the grader see the clients' sessions")?;
     }
-    let url = format!("postgres://{login}:{password}@{at}");
-    Ok((url, password, login))
+    Ok(ClientLogin {
+        login,
+        password,
+        at: at.clone(),
+    })
+}
+
+/// A client's own Postgres login ([`client_login`]).
+pub struct ClientLogin {
+    pub login: String,
+    /// Its password on the server.
+    pub password: String,
+    /// `host:port/database`, as the clients' URLs end.
+    at: String,
+}
+
+impl ClientLogin {
+    /// The URL that signs in with the login's own password, straight to the server.
+    pub fn url(&self) -> String {
+        self.url_with(&self.password)
+    }
+
+    /// The URL for a client whose proxy signs in for it: the password is `given`, which
+    /// the proxy checks and the server would refuse.
+    pub fn url_with(&self, given: &str) -> String {
+        format!("postgres://{}:{given}@{}", self.login, self.at)
+    }
 }
 
 /// The kinds of object a client may make in the run's schema: tables and sequences of its

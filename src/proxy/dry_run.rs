@@ -239,6 +239,12 @@ impl Conversation {
         forward_from
     }
 
+    /// The proxy signed in for its client ([`super::sign_in`]): the server's bytes read from
+    /// now on are typed messages, past any answer to a request for encryption.
+    pub(super) fn signed_in(&self) {
+        self.lock().framer.typed = true;
+    }
+
     /// The server's process for this connection, once the server named it; and whether
     /// the connection went encrypted, when no name can be read any more.
     pub(super) fn backend(&self) -> (Option<i32>, bool) {

@@ -47,8 +47,11 @@ use tokio::sync::watch;
 mod dry_run;
 pub mod guard;
 mod pg;
+mod sign_in;
 mod url;
+
 pub use dry_run::{LOCK_TIMEOUT_MS as TRY_LOCK_TIMEOUT_MS, Probe, Tried};
+pub use sign_in::SignIn;
 pub use url::{through, upstream_of};
 
 /// Which way the bytes go.
@@ -183,6 +186,8 @@ struct Shared {
     watched: OnceLock<pg::Table>,
     /// Each write caught is tried first, asking the server this way ([`Proxy::try_writes`]).
     trying: OnceLock<Probe>,
+    /// Each connection signs in to the server for its client ([`Proxy::sign_in_for`]).
+    sign_in: OnceLock<SignIn>,
     /// The server sessions its connections opened, as far as it could read them.
     sessions: Mutex<Sessions>,
 }
@@ -330,6 +335,7 @@ impl Proxy {
             held: AtomicUsize::new(0),
             watched: OnceLock::new(),
             trying: OnceLock::new(),
+            sign_in: OnceLock::new(),
             sessions: Mutex::new(Sessions::default()),
         });
         let mut runtimes = Vec::new();
@@ -452,6 +458,13 @@ impl Proxy {
     /// nothing, and every byte goes through.
     pub fn watch_writes(&self, table: &str) {
         let _ = self.shared.watched.set(pg::Table::parse(table));
+    }
+
+    /// Signs in to Postgres for each connection made from now on ([`sign_in`]): its
+    /// client must give `how.given`, and the server gets `how.real`, which the client never
+    /// sees — so the client cannot open a session of that login around the proxy.
+    pub fn sign_in_for(&self, how: SignIn) {
+        let _ = self.shared.sign_in.set(how);
     }
 
     /// Tries each write to the watched table as it comes, on the connections made from now
@@ -665,9 +678,17 @@ async fn connect(client: TcpStream, shared: Arc<Shared>, held: Arc<Held>) {
         tokio::net::TcpStream::connect(shared.upstream),
     )
     .await;
-    let Ok(Ok(server)) = server else {
+    let Ok(Ok(mut server)) = server else {
         let _ = socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO));
         return;
+    };
+    let mut client = client;
+    let startup = match shared.sign_in.get() {
+        Some(how) => match sign_in::sign_in(how, &mut client, &mut server).await {
+            Some(startup) => Some(startup),
+            None => return,
+        },
+        None => None,
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
@@ -694,10 +715,18 @@ async fn connect(client: TcpStream, shared: Arc<Shared>, held: Arc<Held>) {
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     let mut up = Pump::new(&shared, Direction::Up, link, client_read, server_write);
-    up.reader = (shared.watched.get()).map(|table| pg::Frontend::new(table.clone()));
+    up.reader = (shared.watched.get()).map(|table| {
+        let mut reader = pg::Frontend::new(table.clone());
+        // Signed in already: the reader starts after the startup packet.
+        reader.read(startup.as_deref().unwrap_or_default());
+        reader
+    });
     let mut down = Pump::new(&shared, Direction::Down, link, server_read, client_write);
     if up.reader.is_some() && shared.trying.get().is_some() {
         let conversation = Arc::new(dry_run::Conversation::default());
+        if startup.is_some() {
+            conversation.signed_in();
+        }
         up.conversation = Some(Arc::clone(&conversation));
         down.conversation = Some(conversation);
     }

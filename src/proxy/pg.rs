@@ -400,7 +400,7 @@ fn control(statement: &[Token]) -> Option<Control> {
     }
 }
 
-fn be32(bytes: &[u8]) -> u32 {
+pub(super) fn be32(bytes: &[u8]) -> u32 {
     u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
 }
 

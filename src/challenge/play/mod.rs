@@ -481,11 +481,14 @@ impl Run<'_> {
             client: name.into(),
             ..self.setup.init.clone()
         };
-        if let Some(role) = &self.setup.client_role {
-            let (url, password, login) = super::table::client_login(&mut self.clock, role, name)?;
-            init.postgres_url = url;
-            self.client_passwords.push(password);
-            self.client_logins.push(login);
+        let login = match &self.setup.client_role {
+            Some(role) => Some(super::table::client_login(&mut self.clock, role, name)?),
+            None => None,
+        };
+        if let Some(login) = &login {
+            init.postgres_url = login.url();
+            self.client_passwords.push(login.password.clone());
+            self.client_logins.push(login.login.clone());
         }
         let proxy = if self.setup.challenge.proxied() {
             let upstream = crate::proxy::upstream_of(&init.postgres_url)?;
@@ -493,6 +496,17 @@ impl Run<'_> {
             proxy.watch_writes(&init.table);
             proxy.gate_writes();
             proxy.try_writes(super::table::try_probe(&self.setup.init.schema));
+            if let Some(login) = &login {
+                // The client is given a password of the proxy's: it signs in through it.
+                let given = crate::seed::os_hex(32);
+                proxy.sign_in_for(crate::proxy::SignIn {
+                    login: login.login.clone(),
+                    given: given.clone(),
+                    real: login.password.clone(),
+                });
+                init.postgres_url = login.url_with(&given);
+                self.client_passwords.push(given);
+            }
             init.postgres_url = crate::proxy::through(&init.postgres_url, proxy.addr())?;
             Some(proxy)
         } else {
