@@ -951,6 +951,56 @@ for line in sys.stdin:
     assert!(said.contains("PASS  challenge pause"), "{said}");
 }
 
+/// A login may change its own password: back to itself (`SET ROLE NONE`), then `ALTER ROLE
+/// CURRENT_USER PASSWORD …` through its proxy — and sessions around the proxy with the new
+/// one are let in, too brief to be seen between two readings. The password only lockslab
+/// knew no longer signs in after the run: the run is unknown, and `check` says so again.
+#[test]
+fn a_client_that_changes_its_logins_password_leaves_the_run_unknown() {
+    python_ready();
+    let changer = r#"
+import json, sys, re, time, psycopg2
+def say(**m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
+cur = db.cursor()
+cur.execute("SET ROLE NONE"); cur.execute("ALTER ROLE CURRENT_USER PASSWORD 'mine'")
+cur.execute("RESET ROLE"); cur.execute("SELECT inet_server_port()"); port = cur.fetchone()[0]
+user, name = re.match(r"postgres://([^:]+):[^@]+@[^/]+/(\w+)", init["postgres_url"]).groups()
+psycopg2.connect(host="127.0.0.1", port=port, user=user, password="mine", dbname=name).close()
+table = init["table"]
+say(type="ready", notes=True, lock=False)
+for line in sys.stdin:
+    job = json.loads(line)
+    while True:
+        cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+        value, items = cur.fetchone()
+        say(type="writing", job=job["id"])
+        time.sleep(job["work_ms"] / 1000)
+        cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s "
+                    "WHERE record = %s AND value = %s AND items = %s",
+                    (value + job["add"], items + [job["append"]], job["id"], job["record"],
+                     value, items))
+        if cur.rowcount == 1:
+            break
+    say(type="ok", job=job["id"])
+"#;
+    let output = lockslab(&["challenge", "pause", "--json", "--seed", "1", "--", PYTHON])
+        .args(["-c", changer])
+        .env_remove("LOCKSLAB_POSTGRES_URL")
+        .env("LOCKSLAB_PRIVATE_SERVERS", "1")
+        .output()
+        .unwrap();
+    let verdict = verdict_in(&output);
+    assert_eq!(output.status.code(), Some(3), "{verdict}");
+    assert!(
+        verdict.to_string().contains("its password changed"),
+        "{verdict}"
+    );
+    graded_again_offline(&output, &verdict);
+}
+
 /// A pause waits for its client's write a lease past the job's work at most: a client that
 /// works longer (here a row lock held across a slow job) is frozen then, where it is, and
 /// the timeline says that no write came.

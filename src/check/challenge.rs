@@ -198,6 +198,11 @@ pub struct AroundProxy {
     pub pid: i32,
     pub login: String,
     pub at_us: i64,
+    /// Not a session seen: the login's password, which only its proxy was given, no longer
+    /// signed in after the run — the client changed it (`SET ROLE NONE; ALTER ROLE
+    /// CURRENT_USER PASSWORD …`), to open sessions around its proxy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub password_changed: bool,
 }
 
 /// A Postgres session seen waiting for others' locks (row or advisory), and when.
@@ -1980,7 +1985,10 @@ fn around_the_proxy(
     let statement = statements.iter().find(|s| !proxied(s.pid));
     let around: Vec<String> = (sessions.iter())
         .filter(|s| !proxied(s.pid))
-        .map(|s| format!("{} (session {})", s.login, s.pid))
+        .map(|s| match s.password_changed {
+            true => format!("{} (its password changed: ALTER ROLE … PASSWORD)", s.login),
+            false => format!("{} (session {})", s.login, s.pid),
+        })
         .collect();
     if let (None, None, false) = (change, statement, around.is_empty()) {
         return Some(format!(

@@ -158,7 +158,12 @@ impl Run<'_> {
                     "{login} opened Postgres session {pid} around its fault proxy: what it \
                      sends there meets no fault"
                 );
-                let session = AroundProxy { pid, login, at_us };
+                let session = AroundProxy {
+                    pid,
+                    login,
+                    at_us,
+                    password_changed: false,
+                };
                 self.note(
                     crate::nemesis::LANE,
                     What::SessionAroundProxy(session),

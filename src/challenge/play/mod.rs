@@ -230,6 +230,8 @@ struct Run<'a> {
     /// The clients' own Postgres logins: a session of one that no proxy opened is told
     /// ([`blocking::Around`]).
     client_logins: Vec<String>,
+    /// The logins whose proxies sign in for them, with the URL of their real password.
+    signed_in_for: Vec<(String, String)>,
     around: blocking::Around,
     /// A moment of lockslab's clock and the database's clock then (µs): to put the
     /// clients' notes on the database's clock.
@@ -308,6 +310,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         deliveries: Vec::new(),
         waits_read: None,
         client_logins: Vec::new(),
+        signed_in_for: Vec::new(),
         around: Default::default(),
         held_requests: BTreeSet::new(),
         leases: matches!(setup.challenge, Challenge::Pause | Challenge::Delay).then(|| {
@@ -380,6 +383,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
     // Every client killed and reaped, then whatever they started out of their groups.
     run.seats.clear();
     super::client::sweep(&format!("{}={}/", super::client::MARK, setup.run_id), true);
+    run.passwords_kept();
     // Then whatever they started that carries no mark: it came to lockslab, the reaper.
     drop(reaper);
     let failure = match failure {
@@ -505,6 +509,7 @@ impl Run<'_> {
                     real: login.password.clone(),
                 });
                 init.postgres_url = login.url_with(&given);
+                (self.signed_in_for).push((login.login.clone(), login.url()));
                 self.client_passwords.push(given);
             }
             init.postgres_url = crate::proxy::through(&init.postgres_url, proxy.addr())?;
@@ -533,6 +538,40 @@ impl Run<'_> {
             writes_since_note: 0,
         });
         Ok(())
+    }
+
+    /// After the clients are gone: does each login whose proxy signed in for it still take
+    /// the password only lockslab knew? A login may change its own password (`SET ROLE NONE;
+    /// ALTER ROLE CURRENT_USER PASSWORD …`), and then open sessions around its proxy: one
+    /// that came and went between two readings of the sessions would go unseen. The change
+    /// cannot be undone without the old password, so it is found here, and the run is
+    /// unknown ([`What::SessionAroundProxy`]).
+    fn passwords_kept(&mut self) {
+        for (login, url) in std::mem::take(&mut self.signed_in_for) {
+            let url = format!("{url}?connect_timeout=5");
+            let refused = match postgres::Client::connect(&url, postgres::NoTls) {
+                Ok(_) => false,
+                Err(err) => err.code() == Some(&postgres::error::SqlState::INVALID_PASSWORD),
+            };
+            if refused {
+                let at_us = self.db_us(Instant::now());
+                let text = format!(
+                    "{login}'s password was changed during the run (only its fault proxy had \
+                     it): its client could open sessions around the proxy"
+                );
+                let session = crate::check::challenge::AroundProxy {
+                    pid: 0,
+                    login,
+                    at_us,
+                    password_changed: true,
+                };
+                self.note(
+                    crate::nemesis::LANE,
+                    What::SessionAroundProxy(session),
+                    text,
+                );
+            }
+        }
     }
 
     fn seat(&mut self, name: &str) -> Option<&mut Seat> {
