@@ -141,11 +141,28 @@ pub fn client_login(db: &mut PgClient, clients: &ClientRole, client: &str) -> Re
         db.batch_execute(&format!("GRANT {login} TO CURRENT_USER"))
             .context("letting the grader see the clients' sessions")?;
     }
+    let verifier = match clients.grader_is_superuser {
+        true => Some(password_verifier(db, &login)?),
+        false => None,
+    };
     Ok(ClientLogin {
         login,
         password,
         at: at.clone(),
+        verifier,
     })
+}
+
+/// What Postgres keeps of `login`'s password (`pg_authid.rolpassword`, a superuser's to
+/// read): a salted SCRAM verifier, which a client that changed its password cannot put back.
+pub fn password_verifier(db: &mut PgClient, login: &str) -> Result<Option<String>> {
+    let row = db
+        .query_one(
+            "SELECT rolpassword FROM pg_authid WHERE rolname = $1",
+            &[&login],
+        )
+        .with_context(|| format!("reading {login}'s password verifier"))?;
+    Ok(row.get(0))
 }
 
 /// A client's own Postgres login ([`client_login`]).
@@ -155,6 +172,8 @@ pub struct ClientLogin {
     pub password: String,
     /// `host:port/database`, as the clients' URLs end.
     at: String,
+    /// Its password's verifier as made, when the grader may read it (a superuser).
+    pub verifier: Option<Option<String>>,
 }
 
 impl ClientLogin {

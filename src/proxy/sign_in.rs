@@ -193,15 +193,20 @@ async fn refuse(client: &mut TcpStream, code: &str, said: &str) {
     let _ = client.write_all(&message(b'E', &body)).await;
 }
 
-/// The `user` among a startup packet's parameters (`name\0value\0…\0`).
+/// The `user` among a startup packet's parameters (`name\0value\0…\0`); None if there is
+/// none, or more than one (Postgres would take the last, the check here the first).
 fn user_of(parameters: &[u8]) -> Option<String> {
     let mut fields = parameters.split(|b| *b == 0);
+    let mut users = Vec::new();
     while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
         if name == b"user" {
-            return String::from_utf8(value.to_vec()).ok();
+            users.push(value);
         }
     }
-    None
+    match users[..] {
+        [user] => String::from_utf8(user.to_vec()).ok(),
+        _ => None,
+    }
 }
 
 /// Equal, compared in a time that does not depend on where they first differ.
@@ -220,6 +225,7 @@ mod tests {
             Some("c1_login")
         );
         assert_eq!(user_of(b"database\0user\0\0"), None);
+        assert_eq!(user_of(b"user\0c1_login\0user\0admin\0\0"), None);
         assert_eq!(user_of(b"\0"), None);
     }
 

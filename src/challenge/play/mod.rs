@@ -230,8 +230,9 @@ struct Run<'a> {
     /// The clients' own Postgres logins: a session of one that no proxy opened is told
     /// ([`blocking::Around`]).
     client_logins: Vec<String>,
-    /// The logins whose proxies sign in for them, with the URL of their real password.
-    signed_in_for: Vec<(String, String)>,
+    /// The logins whose proxies sign in for them, with the URL of their real password and
+    /// its verifier as made (when the grader may read it).
+    signed_in_for: Vec<(String, String, Option<Option<String>>)>,
     around: blocking::Around,
     /// A moment of lockslab's clock and the database's clock then (µs): to put the
     /// clients' notes on the database's clock.
@@ -509,7 +510,11 @@ impl Run<'_> {
                     real: login.password.clone(),
                 });
                 init.postgres_url = login.url_with(&given);
-                (self.signed_in_for).push((login.login.clone(), login.url()));
+                (self.signed_in_for).push((
+                    login.login.clone(),
+                    login.url(),
+                    login.verifier.clone(),
+                ));
                 self.client_passwords.push(given);
             }
             init.postgres_url = crate::proxy::through(&init.postgres_url, proxy.addr())?;
@@ -540,24 +545,32 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// After the clients are gone: does each login whose proxy signed in for it still take
+    /// After the clients are gone: is each login whose proxy signed in for it still behind
     /// the password only lockslab knew? A login may change its own password (`SET ROLE NONE;
     /// ALTER ROLE CURRENT_USER PASSWORD …`), and then open sessions around its proxy: one
     /// that came and went between two readings of the sessions would go unseen. The change
     /// cannot be undone without the old password, so it is found here, and the run is
-    /// unknown ([`What::SessionAroundProxy`]).
+    /// unknown ([`What::SessionAroundProxy`]). A superuser grader compares the password's
+    /// verifier with the one made; another signs in with the password, and anything but
+    /// getting in counts as changed (a verifier Postgres takes and the sign-in refuses, or
+    /// every connection slot taken, must not pass for kept).
     fn passwords_kept(&mut self) {
-        for (login, url) in std::mem::take(&mut self.signed_in_for) {
-            let url = format!("{url}?connect_timeout=5");
-            let refused = match postgres::Client::connect(&url, postgres::NoTls) {
-                Ok(_) => false,
-                Err(err) => err.code() == Some(&postgres::error::SqlState::INVALID_PASSWORD),
+        for (login, url, verifier) in std::mem::take(&mut self.signed_in_for) {
+            let changed = match verifier {
+                Some(made) => {
+                    super::table::password_verifier(&mut self.clock, &login).ok() != Some(made)
+                }
+                None => {
+                    let url = format!("{url}?connect_timeout=5");
+                    postgres::Client::connect(&url, postgres::NoTls).is_err()
+                }
             };
-            if refused {
+            if changed {
                 let at_us = self.db_us(Instant::now());
                 let text = format!(
                     "{login}'s password was changed during the run (only its fault proxy had \
-                     it): its client could open sessions around the proxy"
+                     it), or could not be checked: its client could open sessions around the \
+                     proxy"
                 );
                 let session = crate::check::challenge::AroundProxy {
                     pid: 0,
