@@ -322,27 +322,17 @@ pub fn stop(pid: i32, plan: &StopPlan) {
 }
 
 /// Kills every process that runs as one of `uids`, whatever its name, directory or parent:
-/// for users that belong to lockslab alone (a room's seats'), whose processes are all
-/// servers it started or what those started. Again until none is left (one may fork while
-/// the others are killed), up to a point.
+/// for users that belong to lockslab alone (a room's seats', a challenge client's), whose
+/// processes are all servers it started or what those started. Again until none is left
+/// (one may fork while the others are killed), up to a point.
 pub fn kill_every_process_of(uids: &[u32]) {
-    use std::os::unix::fs::MetadataExt;
     if uids.is_empty() {
         return;
     }
     for _ in 0..20 {
-        let running: Vec<i32> = fs::read_dir("/proc")
-            .map(|dir| {
-                dir.flatten()
-                    .filter_map(|entry| {
-                        let pid = entry.file_name().to_string_lossy().parse::<i32>().ok()?;
-                        let uid = entry.metadata().ok()?.uid();
-                        let alive = process_state(pid).is_some_and(|state| state != 'Z');
-                        (alive && uids.contains(&uid)).then_some(pid)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let running: Vec<i32> = (processes_of(uids).into_iter())
+            .filter(|&pid| process_state(pid).is_some_and(|state| state != 'Z'))
+            .collect();
         if running.is_empty() {
             return;
         }
@@ -351,6 +341,48 @@ pub fn kill_every_process_of(uids: &[u32]) {
         }
         thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Sends `signal` to every process of `uid` (a user lockslab made for one client). A
+/// SIGSTOP goes again to those not stopped yet, a few rounds, so that a process forked as
+/// the others stopped is frozen too.
+pub fn signal_every_process_of(uid: u32, signal: Signal) {
+    for _ in 0..10 {
+        let unstopped: Vec<i32> = (processes_of(&[uid]).into_iter())
+            .filter(|&pid| {
+                signal != Signal::SIGSTOP
+                    || !matches!(process_state(pid), Some('T' | 't' | 'Z') | None)
+            })
+            .collect();
+        for &pid in &unstopped {
+            let _ = kill(Pid::from_raw(pid), signal);
+        }
+        if signal != Signal::SIGSTOP || unstopped.is_empty() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The processes whose real or effective uid is one of `uids`, from `/proc/<pid>/status`:
+/// not from the owner of `/proc/<pid>`, which is root for a process that made itself
+/// undumpable (`PR_SET_DUMPABLE`).
+fn processes_of(uids: &[u32]) -> Vec<i32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let ids = status.lines().find_map(|line| line.strip_prefix("Uid:"));
+            ids.is_some_and(|ids| {
+                (ids.split_whitespace().take(2))
+                    .filter_map(|id| id.parse::<u32>().ok())
+                    .any(|id| uids.contains(&id))
+            })
+        })
+        .collect()
 }
 
 /// Every process below `pid` (children, their children…), read from /proc.

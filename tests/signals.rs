@@ -573,3 +573,49 @@ fn ctrl_c_leaves_no_frozen_backend_of_a_private_postgres() {
     let left: Vec<&Proc> = table.iter().filter(|p| frozen.contains(&p.pid)).collect();
     assert!(left.is_empty(), "backends left behind: {left:#?}");
 }
+
+/// A challenge client runs as a user of its own (lockslab as root), and a pause freezes
+/// every process of that user: a helper it started in a session of its own, out of reach of
+/// its process group, with an empty environment (no reaper's mark) and undumpable (its
+/// `/proc` entry then belongs to root), is frozen and resumed with it, and dies with it.
+#[test]
+fn every_process_of_a_clients_user_is_frozen_resumed_and_killed_together() {
+    if !nix::unistd::Uid::effective().is_root() {
+        return; // clients get users of their own only when lockslab runs as root
+    }
+    use lockslab::procs;
+    let (uid, gid) = lockslab::identities::free(lockslab::identities::CLIENT_UIDS, 1).unwrap()[0];
+    let helper = "import ctypes, os, subprocess, sys, time\n\
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n\
+        h = subprocess.Popen(['sleep', '60'], start_new_session=True, env={})\n\
+        print(h.pid, flush=True)\n\
+        time.sleep(60)\n";
+    let mut command = std::process::Command::new("python3");
+    command
+        .args(["-c", helper])
+        .stdout(Stdio::piped())
+        .current_dir("/");
+    let mut client =
+        procs::spawn_registered_alone(&mut command, procs::StopPlan::kill(), Some((uid, gid)))
+            .unwrap();
+    let mut line = String::new();
+    BufReader::new(client.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let helper: i32 = line.trim().parse().unwrap();
+    let both = [client.id() as i32, helper];
+    let states = || both.map(proc_state);
+
+    procs::signal_every_process_of(uid.as_raw(), Signal::SIGSTOP);
+    assert_eq!(states(), [Some('T'), Some('T')]);
+    procs::signal_every_process_of(uid.as_raw(), Signal::SIGCONT);
+    assert!(eventually(Duration::from_secs(5), || {
+        states().iter().all(|s| matches!(s, Some('S' | 'R')))
+    }));
+    procs::kill_every_process_of(&[uid.as_raw()]);
+    let _ = client.wait();
+    procs::forget(both[0]);
+    assert!(eventually(Duration::from_secs(5), || {
+        proc_state(helper).is_none_or(|s| s == 'Z')
+    }));
+}

@@ -62,6 +62,8 @@ pub struct Client {
     /// Set when its stderr closed: every last word is in.
     stderr_closed: Arc<AtomicBool>,
     drains: Drains,
+    /// The uid it alone runs as (lockslab as root): every process of it is this client's.
+    user: Option<u32>,
 }
 
 /// How the run asks a client's reader thread for every line written so far: the number of
@@ -91,14 +93,16 @@ impl Client {
         isolation: &Isolation,
     ) -> Result<Client> {
         let mark = format!("{run_id}/{name}");
-        let mut command = isolation.command(program, &environment(&mark));
+        let identity = isolation.identity(name)?;
+        let home = identity.as_ref().map(|(_, _, home)| home.as_path());
+        let mut command = isolation.command(program, &environment(&mark), home);
+        let user = identity.as_ref().map(|&(uid, gid, _)| (uid, gid));
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child =
-            procs::spawn_registered_alone(&mut command, StopPlan::kill(), isolation.identity())
-                .with_context(|| format!("starting the client `{}`", program.join(" ")))?;
+        let mut child = procs::spawn_registered_alone(&mut command, StopPlan::kill(), user)
+            .with_context(|| format!("starting the client `{}`", program.join(" ")))?;
         let stdin = child.stdin.take().context("the client's stdin")?;
         let stdout = child.stdout.take().context("the client's stdout")?;
         let stderr = child.stderr.take().context("the client's stderr")?;
@@ -131,6 +135,7 @@ impl Client {
             stderr: last,
             stderr_closed,
             drains,
+            user: user.map(|(uid, _)| uid.as_raw()),
         })
     }
 
@@ -187,6 +192,10 @@ impl Victim for Client {
         self.child.as_ref().map(|c| c.id() as i32)
     }
 
+    fn user(&self) -> Option<u32> {
+        self.user
+    }
+
     /// SIGKILL to its whole group, then reaped: no cleanup code of the client runs. Then
     /// whatever it started out of its group (marked, see [`MARK`]), even after it exited.
     fn kill_now(&mut self) {
@@ -195,6 +204,8 @@ impl Victim for Client {
             procs::stop(child.id() as i32, &StopPlan::kill());
         }
         sweep(&format!("{MARK}={}", self.mark), false);
+        // A process of its user that shed the mark (started with an empty environment).
+        procs::kill_every_process_of(&Vec::from_iter(self.user));
     }
 }
 

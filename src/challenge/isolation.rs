@@ -12,9 +12,11 @@
 //! a session of its own with no controlling terminal (`setsid`: no `/dev/tty`, no
 //! `TIOCSTI`), and pipes for stdin, stdout and stderr. Then one of three:
 //!
-//! - **lockslab runs as root** (CI does): each client runs as a user of the run's own, a
-//!   uid and gid that no account, group, subordinate-id range or process has — not
-//!   `postgres` or `nobody`, which the private Postgres runs as. The kernel then keeps it
+//! - **lockslab runs as root** (CI does): each client runs as a user of its own, a uid and
+//!   gid that no account, group, subordinate-id range or process has — not `postgres` or
+//!   `nobody`, which the private Postgres runs as. One user a client, as one machine a
+//!   client: a pause freezes every process of that user, so a helper the client started in
+//!   a session of its own (out of reach of its process group) is frozen with it. The kernel then keeps it
 //!   out of root's files, lockslab's `/proc` entry and the servers' data. A fresh number
 //!   per run rather than a system user made by scripts/setup: nothing to install, and two
 //!   runs side by side (a room, a test suite) cannot signal or trace each other's clients.
@@ -37,9 +39,13 @@ use nix::unistd::{Gid, Uid};
 
 /// How a run's clients are kept from what lockslab holds.
 pub enum Isolation {
-    /// lockslab runs as root: the clients run as `uid`/`gid`, which are nobody else's, with
-    /// `home` (a directory of theirs, deleted with the run) as `HOME`.
-    OwnUser { uid: Uid, gid: Gid, home: PathBuf },
+    /// lockslab runs as root: each client runs as a uid and gid of its own, which are
+    /// nobody else's, with a directory of its own under `home` (deleted with the run) as
+    /// `HOME`. The users are drawn as the clients start, by name.
+    OwnUser {
+        users: std::sync::Mutex<Vec<(String, Uid, Gid)>>,
+        home: PathBuf,
+    },
     /// Not root: the clients run inside `bwrap`, with `hidden` directories empty.
     Sandbox {
         bwrap: PathBuf,
@@ -54,12 +60,10 @@ impl Isolation {
     /// so a client its user cannot read is said at once, with what to do.
     pub fn choose(program: &[String]) -> Result<Isolation> {
         if Uid::effective().is_root() {
-            let (uid, gid) = crate::identities::free(crate::identities::CLIENT_UIDS, 1)?[0];
             readable_by_others(program)?;
             return Ok(Isolation::OwnUser {
-                uid,
-                gid,
-                home: make_home(uid, gid)?,
+                users: std::sync::Mutex::new(Vec::new()),
+                home: make_home()?,
             });
         }
         Ok(match sandbox() {
@@ -95,10 +99,10 @@ impl Isolation {
     /// What the heading says of it.
     pub fn describe(&self) -> String {
         match self {
-            Isolation::OwnUser { uid, .. } => format!(
-                "clients run as uid {uid}, a user of this run's own (lockslab runs as root), \
-                 each in a session of its own with a scrubbed environment"
-            ),
+            Isolation::OwnUser { .. } => "clients run each as a user of its own, made for \
+                 the run (lockslab runs as root), in a session of its own with a scrubbed \
+                 environment"
+                .to_string(),
             Isolation::Sandbox { .. } => "clients run sandboxed (bwrap: user, PID and mount \
                  namespaces; lockslab's state, temp and server directories hidden), each in a \
                  session of its own with a scrubbed environment"
@@ -114,7 +118,12 @@ impl Isolation {
     /// The command that starts `program` as a client: its identity, working directory and
     /// environment (`vars`, and nothing else). The session and the parent-death signal are
     /// [`crate::procs::spawn_registered_alone`]'s.
-    pub fn command(&self, program: &[String], vars: &[(&str, OsString)]) -> Command {
+    pub fn command(
+        &self,
+        program: &[String],
+        vars: &[(&str, OsString)],
+        own_home: Option<&Path>,
+    ) -> Command {
         let here = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let mut command = match self {
             Isolation::Sandbox { bwrap, hidden } => {
@@ -133,7 +142,7 @@ impl Isolation {
         for (name, value) in vars {
             command.env(name, value);
         }
-        if let Isolation::OwnUser { home, .. } = self {
+        if let (Isolation::OwnUser { .. }, Some(home)) = (self, own_home) {
             command.env("HOME", home);
             // Where lockslab runs, when its user may enter it (the client's paths count from
             // there); else its home (every path it was given is then absolute, see
@@ -141,7 +150,7 @@ impl Isolation {
             let cwd = if blocked_on_the_way(&here).is_none() {
                 here
             } else {
-                home.clone()
+                home.to_path_buf()
             };
             command.current_dir(cwd);
         } else {
@@ -158,12 +167,27 @@ impl Isolation {
         }
     }
 
-    /// The identity a client process takes before it runs (root's case), else None.
-    pub fn identity(&self) -> Option<(Uid, Gid)> {
-        match self {
-            Isolation::OwnUser { uid, gid, .. } => Some((*uid, *gid)),
-            _ => None,
-        }
+    /// The identity client `name` takes before it runs, and its home (root's case): a user
+    /// drawn for it now, nobody else's, with a directory of its own. Else None.
+    pub fn identity(&self, name: &str) -> Result<Option<(Uid, Gid, PathBuf)>> {
+        let Isolation::OwnUser { users, home } = self else {
+            return Ok(None);
+        };
+        let mut users = users.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh = loop {
+            let (uid, gid) = crate::identities::free(crate::identities::CLIENT_UIDS, 1)?[0];
+            if !users.iter().any(|(_, taken, _)| *taken == uid) {
+                break (uid, gid);
+            }
+        };
+        let (uid, gid) = fresh;
+        let own = home.join(name);
+        fs::create_dir(&own)
+            .and_then(|()| fs::set_permissions(&own, fs::Permissions::from_mode(0o700)))
+            .and_then(|()| Ok(nix::unistd::chown(&own, Some(uid), Some(gid))?))
+            .with_context(|| format!("giving client {name} its home"))?;
+        users.push((name.to_string(), uid, gid));
+        Ok(Some((uid, gid, own)))
     }
 }
 
@@ -177,23 +201,23 @@ impl Drop for Isolation {
     }
 }
 
-/// The clients' home: a directory of theirs in the temp directory, deleted with the run
-/// (and on Ctrl-C). A place they may write, and be, when lockslab's own is not.
-fn make_home(uid: Uid, gid: Gid) -> Result<PathBuf> {
+/// The clients' homes: a directory in the temp directory that each may pass through to its
+/// own (made as it starts), deleted with the run (and on Ctrl-C). A place each may write,
+/// and be, when lockslab's own is not.
+fn make_home() -> Result<PathBuf> {
     let home = tempfile::Builder::new()
         .prefix("lockslab-client-")
         .tempdir()
         .context("creating the clients' home directory")?
         .keep();
     crate::procs::remove_on_cleanup(home.clone());
-    let handed = fs::set_permissions(&home, fs::Permissions::from_mode(0o700))
-        .and_then(|()| Ok(nix::unistd::chown(&home, Some(uid), Some(gid))?));
+    let handed = fs::set_permissions(&home, fs::Permissions::from_mode(0o711));
     let blocked = home.parent().and_then(blocked_on_the_way);
     if handed.is_err() || blocked.is_some() {
         let _ = fs::remove_dir_all(&home);
         crate::procs::forget_dir(&home);
     }
-    handed.context("handing the clients their home")?;
+    handed.context("opening the clients' homes to them")?;
     if let Some((blocked, mode)) = blocked {
         bail!(
             "the clients' home {} is behind {} (mode {mode:o}), which their user may not \

@@ -95,6 +95,12 @@ pub trait Victim {
     fn label(&self) -> String;
     /// Its process, while it has one.
     fn pid(&self) -> Option<i32>;
+    /// A uid whose every process is the victim's (a challenge client's own user): a pause
+    /// freezes them all, not only its process group — a helper it started in a session of
+    /// its own is part of the same machine.
+    fn user(&self) -> Option<u32> {
+        None
+    }
     /// Ends the process as a crash would and reaps it.
     fn kill_now(&mut self);
     /// Kills it and starts it again in the same place; returns how long it was away.
@@ -187,6 +193,8 @@ impl Record for Held {
 struct Active {
     label: String,
     since: Instant,
+    /// The victim's own user, all of whose processes were frozen with it.
+    user: Option<u32>,
 }
 
 /// The one place faults are done. It remembers every pause it started, so that a lab
@@ -238,6 +246,9 @@ impl Nemesis {
         history.record(fault_event(fault, &victim.label(), pid, note));
         self.paused.insert(pid, Active::now(victim));
         procs::signal_group(pid, Signal::SIGSTOP)?;
+        if let Some(uid) = victim.user() {
+            procs::signal_every_process_of(uid, Signal::SIGSTOP);
+        }
         if !procs::wait_until_stopped(pid, STOP_PATIENCE) {
             bail!(
                 "{} (pid {pid}) did not stop within {}s of SIGSTOP (state {:?})",
@@ -279,16 +290,17 @@ impl Nemesis {
         note: impl Into<Note>,
     ) -> Result<Duration> {
         let pid = alive_pid(victim)?;
-        let lasted = self
-            .paused
-            .remove(&pid)
-            .map_or(Duration::ZERO, |active| active.since.elapsed());
+        let active = self.paused.remove(&pid);
+        let lasted = (active.as_ref()).map_or(Duration::ZERO, |active| active.since.elapsed());
         let mut end = fault_event(Fault::Resume, &victim.label(), pid, note);
         if let What::Resumed(facts) = &mut end.what {
             facts.paused_ms = Some(lasted.as_millis() as u64);
         }
         history.record(end);
         procs::signal_group(pid, Signal::SIGCONT)?;
+        if let Some(uid) = active.and_then(|active| active.user) {
+            procs::signal_every_process_of(uid, Signal::SIGCONT);
+        }
         Ok(lasted)
     }
 
@@ -374,8 +386,11 @@ impl Nemesis {
     /// Resumes everything still paused, without recording: for the way out of a lab that
     /// failed or was interrupted, so that no process is left stopped.
     pub fn heal(&mut self) {
-        for (pid, _) in self.paused.drain() {
+        for (pid, active) in self.paused.drain() {
             let _ = procs::signal_group(pid, Signal::SIGCONT);
+            if let Some(uid) = active.user {
+                procs::signal_every_process_of(uid, Signal::SIGCONT);
+            }
         }
     }
 }
@@ -385,6 +400,7 @@ impl Active {
         Active {
             label: victim.label(),
             since: Instant::now(),
+            user: victim.user(),
         }
     }
 }
