@@ -201,6 +201,17 @@ fn refuse_a_missing_file(program: &[String]) -> Result<()> {
         let file = &file;
         if !std::path::Path::new(file).exists() {
             let here = std::env::current_dir().unwrap_or_default();
+            // Built from a checkout: the examples are still where they were built from.
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+            if root.join(file).exists() {
+                crate::bail_usage!(
+                    "{file}: no such file (from {}); the examples' paths count from the \
+                     repository's root: run from {}, or give {}",
+                    here.display(),
+                    root.display(),
+                    root.join(file).display()
+                );
+            }
             crate::bail_usage!(
                 "{file}: no such file (from {}; the examples' paths count from the \
                  repository's root)",

@@ -237,7 +237,7 @@ pub fn show(
     }
     if report.problems.len() > SHOWN {
         crate::outln!(
-            "  … and {} more (--json has them all)",
+            "  … and {} more (a run with --json lists every one)",
             report.problems.len() - SHOWN
         );
     }
