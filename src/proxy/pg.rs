@@ -660,13 +660,35 @@ fn quoted(sql: &[u8], at: usize, quote: u8, backslash: bool) -> (Vec<u8>, usize)
 /// `standard_conforming_strings` off (any role may), and is a plain character when it is
 /// on: the proxy does not follow the setting, so a query writes if it does read either way.
 fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<Vec<u8>>) -> bool {
-    let conforming = statements_write(&tokens(sql, false), table, prepared);
-    // Without a backslash both readings are the same: read once.
-    if !sql.contains(&b'\\') {
-        return conforming;
+    let read = |sql: &[u8], prepared: &mut HashSet<Vec<u8>>| {
+        let conforming = statements_write(&tokens(sql, false), table, prepared);
+        // Without a backslash both readings are the same: read once.
+        if !sql.contains(&b'\\') {
+            return conforming;
+        }
+        let escaping = statements_write(&tokens(sql, true), table, prepared);
+        conforming || escaping
+    };
+    let writes = read(sql, prepared);
+    // In the client encodings Postgres lets only clients use (SJIS, BIG5, GBK, GB18030,
+    // UHC, JOHAB), a byte 0x5C after a high byte may be the second half of a character:
+    // the server, which decodes before it parses, sees no backslash there, so `E'\x81\'`
+    // ends where the proxy would read an escaped quote, and what followed in "the string"
+    // runs. Read once more with every such byte taken for a letter.
+    let Some(undone) = trailing_backslashes_as_letters(sql) else {
+        return writes;
+    };
+    read(&undone, prepared) || writes
+}
+
+/// `sql` with each backslash that follows a byte of 0x81 or above made an `x`, if any is.
+fn trailing_backslashes_as_letters(sql: &[u8]) -> Option<Vec<u8>> {
+    let after_high = |i: usize| i > 0 && sql[i] == b'\\' && sql[i - 1] >= 0x81;
+    if !(0..sql.len()).any(after_high) {
+        return None;
     }
-    let escaping = statements_write(&tokens(sql, true), table, prepared);
-    conforming || escaping
+    let undone = (0..sql.len()).map(|i| if after_high(i) { b'x' } else { sql[i] });
+    Some(undone.collect())
 }
 
 fn statements_write(all: &[Token], table: &Table, prepared: &mut HashSet<Vec<u8>>) -> bool {
@@ -957,6 +979,20 @@ mod tests {
 
     fn writes(sql: &str) -> bool {
         query_writes(sql.as_bytes(), &table(), &mut HashSet::new())
+    }
+
+    /// The expert reviewer's: under `client_encoding` SJIS, `0x81 0x5C` is one character, so
+    /// the server ends the string at the quote after it and runs the UPDATE that the
+    /// proxy, taking 0x5C for a backslash, read as part of the string.
+    #[test]
+    fn a_backslash_that_may_be_half_a_character_hides_no_write() {
+        let mut sql = b"SELECT E'".to_vec();
+        sql.extend_from_slice(&[0x81, b'\\']);
+        sql.extend_from_slice(b"'; UPDATE records SET value = 42 WHERE record = 'r0'; --'");
+        assert!(query_writes(&sql, &table(), &mut HashSet::new()));
+        // In UTF-8 the same bytes are an escaped quote, and the proxy saw no write before.
+        let plain = b"SELECT E'\\'; UPDATE records SET value = 42; --'";
+        assert!(!query_writes(plain, &table(), &mut HashSet::new()));
     }
 
     /// Reads `stream` in pieces of `piece` bytes; returns the start of each write.
