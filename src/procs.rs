@@ -184,13 +184,16 @@ pub fn spawn_registered_alone(
     let parent = nix::unistd::getpid();
     let unblock = interrupt_signals();
     // SAFETY: the closure runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed: setsid, setgroups (with an empty list, nothing
-    // allocated), setgid, setuid, prctl, sigprocmask and getppid are plain system calls, and
+    // async-signal-safe calls are allowed: setsid, prctl, setgroups (with an empty list,
+    // nothing allocated), setgid, setuid, sigprocmask and getppid are plain system calls, and
     // errors are built from a raw errno without allocating.
     unsafe {
         command.pre_exec(move || {
             nix::unistd::setsid()?;
             if let Some((uid, gid)) = user {
+                // No setuid program it runs gains what its user has not. (Not for a
+                // sandbox: `bwrap` may itself be setuid.)
+                nix::sys::prctl::set_no_new_privs()?;
                 nix::unistd::setgroups(&[])?;
                 nix::unistd::setgid(gid)?;
                 nix::unistd::setuid(uid)?;
@@ -326,63 +329,64 @@ pub fn stop(pid: i32, plan: &StopPlan) {
 /// processes are all servers it started or what those started. Again until none is left
 /// (one may fork while the others are killed), up to a point.
 pub fn kill_every_process_of(uids: &[u32]) {
-    if uids.is_empty() {
-        return;
-    }
-    for _ in 0..20 {
-        let running: Vec<i32> = (processes_of(uids).into_iter())
-            .filter(|&pid| process_state(pid).is_some_and(|state| state != 'Z'))
-            .collect();
-        if running.is_empty() {
-            return;
+    for &uid in uids {
+        for _ in 0..50 {
+            if signal_as(uid, Signal::SIGKILL) != Signalled::Some {
+                break;
+            }
+            thread::sleep(Duration::from_millis(2));
         }
-        for pid in running {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-        thread::sleep(Duration::from_millis(20));
     }
 }
 
-/// Sends `signal` to every process of `uid` (a user lockslab made for one client). A
-/// SIGSTOP goes again to those not stopped yet, a few rounds, so that a process forked as
-/// the others stopped is frozen too.
+/// Sends `signal` to every process of `uid` (a user lockslab made for one client) at once:
+/// a pause freezes them all, and a resume lets them all go.
 pub fn signal_every_process_of(uid: u32, signal: Signal) {
-    for _ in 0..10 {
-        let unstopped: Vec<i32> = (processes_of(&[uid]).into_iter())
-            .filter(|&pid| {
-                signal != Signal::SIGSTOP
-                    || !matches!(process_state(pid), Some('T' | 't' | 'Z') | None)
-            })
-            .collect();
-        for &pid in &unstopped {
-            let _ = kill(Pid::from_raw(pid), signal);
-        }
-        if signal != Signal::SIGSTOP || unstopped.is_empty() {
-            return;
-        }
-        thread::sleep(Duration::from_millis(2));
-    }
+    signal_as(uid, signal);
 }
 
-/// The processes whose real or effective uid is one of `uids`, from `/proc/<pid>/status`:
-/// not from the owner of `/proc/<pid>`, which is root for a process that made itself
-/// undumpable (`PR_SET_DUMPABLE`).
-fn processes_of(uids: &[u32]) -> Vec<i32> {
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let ids = status.lines().find_map(|line| line.strip_prefix("Uid:"));
-            ids.is_some_and(|ids| {
-                (ids.split_whitespace().take(2))
-                    .filter_map(|id| id.parse::<u32>().ok())
-                    .any(|id| uids.contains(&id))
-            })
-        })
-        .collect()
+#[derive(PartialEq, Eq)]
+enum Signalled {
+    Some,
+    None,
+    Failed,
+}
+
+/// `kill(-1, signal)` sent by a process that is `uid` and nothing else: the kernel delivers
+/// it to every process that user may signal (those whose real or saved uid is `uid`) in one
+/// pass, so neither a process that forks and exits over and over, nor one whose main
+/// thread has exited while others run (`/proc` shows it a zombie), slips between two
+/// readings of `/proc` as a scan would. Only lockslab's own users may be given: as root
+/// it can become any of them.
+fn signal_as(uid: u32, signal: Signal) -> Signalled {
+    let id = nix::unistd::Uid::from_raw(uid);
+    let gid = nix::unistd::Gid::from_raw(uid);
+    // SAFETY: the child of a fork in a threaded process may make only async-signal-safe
+    // calls: setgroups with an empty list, setresgid, setresuid, kill and _exit are plain
+    // system calls, and nothing is allocated.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let code = (|| {
+                nix::unistd::setgroups(&[]).ok()?;
+                nix::unistd::setresgid(gid, gid, gid).ok()?;
+                nix::unistd::setresuid(id, id, id).ok()?;
+                Some(match kill(Pid::from_raw(-1), signal) {
+                    Ok(()) => 0,
+                    Err(nix::errno::Errno::ESRCH) => 1,
+                    Err(_) => 2,
+                })
+            })()
+            .unwrap_or(2);
+            // SAFETY: _exit ends the child at once, running nothing of the parent's.
+            unsafe { nix::libc::_exit(code) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => match waitpid(child, None) {
+            Ok(WaitStatus::Exited(_, 0)) => Signalled::Some,
+            Ok(WaitStatus::Exited(_, 1)) => Signalled::None,
+            _ => Signalled::Failed,
+        },
+        Err(_) => Signalled::Failed,
+    }
 }
 
 /// Every process below `pid` (children, their children…), read from /proc.

@@ -576,8 +576,10 @@ fn ctrl_c_leaves_no_frozen_backend_of_a_private_postgres() {
 
 /// A challenge client runs as a user of its own (lockslab as root), and a pause freezes
 /// every process of that user: a helper it started in a session of its own, out of reach of
-/// its process group, with an empty environment (no reaper's mark) and undumpable (its
-/// `/proc` entry then belongs to root), is frozen and resumed with it, and dies with it.
+/// its process group, with an empty environment (no reaper's mark) and undumpable — and one
+/// that forks and exits over and over, so that it is never the same process twice (the
+/// expert reviewer's hopper, which slipped between two readings of `/proc`) — is frozen and
+/// resumed with it, and dies with it.
 #[test]
 fn every_process_of_a_clients_user_is_frozen_resumed_and_killed_together() {
     if !nix::unistd::Uid::effective().is_root() {
@@ -585,14 +587,28 @@ fn every_process_of_a_clients_user_is_frozen_resumed_and_killed_together() {
     }
     use lockslab::procs;
     let (uid, gid) = lockslab::identities::free(lockslab::identities::CLIENT_UIDS, 1).unwrap()[0];
+    let dir = tempfile::tempdir().unwrap();
+    let ticks = dir.path().join("ticks");
+    std::fs::write(&ticks, "").unwrap();
+    nix::unistd::chown(&ticks, Some(uid), Some(gid)).unwrap();
     let helper = "import ctypes, os, subprocess, sys, time\n\
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n\
         h = subprocess.Popen(['sleep', '60'], start_new_session=True, env={})\n\
+        if os.fork() == 0:\n\
+        \x20   os.setsid()\n\
+        \x20   n = 0\n\
+        \x20   while True:\n\
+        \x20       n += 1\n\
+        \x20       if n % 20 == 0:\n\
+        \x20           open(sys.argv[1], 'w').write(str(n))\n\
+        \x20       if os.fork():\n\
+        \x20           os._exit(0)\n\
         print(h.pid, flush=True)\n\
         time.sleep(60)\n";
     let mut command = std::process::Command::new("python3");
     command
         .args(["-c", helper])
+        .arg(&ticks)
         .stdout(Stdio::piped())
         .current_dir("/");
     let mut client =
@@ -605,17 +621,26 @@ fn every_process_of_a_clients_user_is_frozen_resumed_and_killed_together() {
     let helper: i32 = line.trim().parse().unwrap();
     let both = [client.id() as i32, helper];
     let states = || both.map(proc_state);
+    let hopping = || {
+        let before = std::fs::read_to_string(&ticks).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::read_to_string(&ticks).unwrap() != before
+    };
+    assert!(eventually(Duration::from_secs(5), hopping));
 
     procs::signal_every_process_of(uid.as_raw(), Signal::SIGSTOP);
-    assert_eq!(states(), [Some('T'), Some('T')]);
+    assert!(eventually(Duration::from_secs(2), || states() == [Some('T'); 2]));
+    assert!(!hopping(), "the hopper went on while its user was frozen");
     procs::signal_every_process_of(uid.as_raw(), Signal::SIGCONT);
     assert!(eventually(Duration::from_secs(5), || {
         states().iter().all(|s| matches!(s, Some('S' | 'R')))
     }));
+    assert!(hopping(), "the hopper stayed frozen after the resume");
     procs::kill_every_process_of(&[uid.as_raw()]);
     let _ = client.wait();
     procs::forget(both[0]);
     assert!(eventually(Duration::from_secs(5), || {
         proc_state(helper).is_none_or(|s| s == 'Z')
     }));
+    assert!(!hopping(), "the hopper outlived the kill");
 }
