@@ -1,8 +1,10 @@
 //! The proxy signs in to Postgres for its client, with a password the client never sees.
 //!
 //! A fault proxy can only hold what passes through it. A client that knew its login's
-//! password could open a second session straight to the server, around the proxy, and do
-//! there what no fault reaches (cancel its own late write from a helper, say). So the
+//! password could open a second session straight to the server, around the proxy, and
+//! write there where no fault reaches (a helper's table that its late write checks, say).
+//! (A cancel request needs no sign-in, only the session's secret key, and is passed on as it
+//! came: the error it causes still crosses the proxy.) So the
 //! client is handed a password of the proxy's own: the proxy checks it, then signs in to
 //! the server as the same login with the real one, which only lockslab knows. Postgres
 //! itself then refuses a session the client opens around the proxy.
@@ -139,7 +141,12 @@ async fn sign_in_now(
                 frontend::sasl_response(scram.message(), &mut reply).ok()?;
             }
             12 => scram.as_mut()?.finish(&body[4..]).ok()?,
-            _ => return None,
+            _ => {
+                let said = "the server asked for a way of signing in that lockslab's proxy \
+                            does not speak (it speaks SCRAM-SHA-256, MD5 and a password)";
+                refuse(client, "28000", said).await;
+                return None;
+            }
         }
         if !reply.is_empty() {
             server.write_all(&reply).await.ok()?;
