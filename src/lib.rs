@@ -96,6 +96,7 @@ pub mod etcd_tls;
 pub mod events;
 pub mod exit;
 pub mod flags;
+pub mod freezer;
 pub mod hands_on;
 pub mod hosts;
 pub mod identities;

@@ -180,7 +180,9 @@ pub fn spawn_registered_alone(
     command: &mut Command,
     plan: StopPlan,
     user: Option<(nix::unistd::Uid, nix::unistd::Gid)>,
+    freezer: Option<&crate::freezer::Freezer>,
 ) -> io::Result<Child> {
+    let join = freezer.map(|f| f.join_path().to_owned());
     let parent = nix::unistd::getpid();
     let unblock = interrupt_signals();
     // SAFETY: the closure runs in the child between fork and exec, where only
@@ -190,6 +192,10 @@ pub fn spawn_registered_alone(
     unsafe {
         command.pre_exec(move || {
             nix::unistd::setsid()?;
+            // Into its freezer cgroup while still root (its files are root's).
+            if let Some(join) = &join {
+                crate::freezer::join_from_child(join)?;
+            }
             if let Some((uid, gid)) = user {
                 // No setuid program it runs gains what its user has not. (Not for a
                 // sandbox: `bwrap` may itself be setuid.)
@@ -436,6 +442,8 @@ fn parents() -> Vec<(i32, i32)> {
 /// Each child leaves the registry only once it is stopped, so that a second Ctrl-C in the
 /// middle still finds, and kills, whatever is left.
 pub fn stop_all() {
+    // A frozen client does not die of SIGKILL until it is thawed.
+    crate::freezer::thaw_all();
     let live: Vec<(i32, StopPlan)> = with_live(|live| {
         // Under the registry's lock: no child can be spawned after this snapshot.
         INTERRUPTED.store(true, Ordering::SeqCst);
@@ -494,6 +502,7 @@ fn children_of(pid: i32) -> Vec<i32> {
 
 /// Kills every registered child at once, without waiting: the second Ctrl-C.
 fn kill_all_now() {
+    crate::freezer::thaw_all();
     let live: Vec<(i32, StopPlan)> = with_live(|live| {
         INTERRUPTED.store(true, Ordering::SeqCst);
         live.drain().collect()

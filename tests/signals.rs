@@ -611,9 +611,13 @@ fn every_process_of_a_clients_user_is_frozen_resumed_and_killed_together() {
         .arg(&ticks)
         .stdout(Stdio::piped())
         .current_dir("/");
-    let mut client =
-        procs::spawn_registered_alone(&mut command, procs::StopPlan::kill(), Some((uid, gid)))
-            .unwrap();
+    let mut client = procs::spawn_registered_alone(
+        &mut command,
+        procs::StopPlan::kill(),
+        Some((uid, gid)),
+        None,
+    )
+    .unwrap();
     let mut line = String::new();
     BufReader::new(client.stdout.take().unwrap())
         .read_line(&mut line)
@@ -643,4 +647,71 @@ fn every_process_of_a_clients_user_is_frozen_resumed_and_killed_together() {
         proc_state(helper).is_none_or(|s| s == 'Z')
     }));
     assert!(!hopping(), "the hopper outlived the kill");
+}
+
+/// A process may catch SIGCONT and arm a timer that sends it SIGCONT every 2ms — the kernel
+/// wakes a stopped process for a SIGCONT it handles — and so dodge every SIGSTOP (the
+/// hostile tester's `thaw`). A
+/// client's freezer cgroup (lockslab as root, where the v1 freezer is mounted) holds it and
+/// all it started frozen until lockslab thaws it.
+#[test]
+fn a_client_that_sends_itself_sigcont_stays_frozen_in_its_cgroup() {
+    use lockslab::{freezer, procs};
+    let Some(cgroup) = freezer::Freezer::make(&format!("test-{}", std::process::id())) else {
+        return; // not root, or no v1 freezer here: pauses are SIGSTOP alone
+    };
+    let (uid, gid) = lockslab::identities::free(lockslab::identities::CLIENT_UIDS, 1).unwrap()[0];
+    let dir = tempfile::tempdir().unwrap();
+    let ticks = dir.path().join("ticks");
+    std::fs::write(&ticks, "").unwrap();
+    nix::unistd::chown(&ticks, Some(uid), Some(gid)).unwrap();
+    let thawing = "import ctypes, signal, sys, time\n\
+        class ev(ctypes.Structure):\n\
+        \x20   _fields_ = [('v', ctypes.c_void_p), ('signo', ctypes.c_int), ('notify', ctypes.c_int), ('pad', ctypes.c_int * 12)]\n\
+        class ts(ctypes.Structure):\n\
+        \x20   _fields_ = [('s', ctypes.c_long), ('ns', ctypes.c_long)]\n\
+        class its(ctypes.Structure):\n\
+        \x20   _fields_ = [('interval', ts), ('value', ts)]\n\
+        signal.signal(signal.SIGCONT, lambda *_: None)\n\
+        libc = ctypes.CDLL(None)\n\
+        e = ev(); e.signo = signal.SIGCONT; e.notify = 0\n\
+        timer = ctypes.c_void_p()\n\
+        assert libc.timer_create(1, ctypes.byref(e), ctypes.byref(timer)) == 0\n\
+        every = ts(0, 2000000)\n\
+        assert libc.timer_settime(timer, 0, ctypes.byref(its(every, every)), None) == 0\n\
+        n = 0\n\
+        while True:\n\
+        \x20   n += 1\n\
+        \x20   open(sys.argv[1], 'w').write(str(n))\n\
+        \x20   time.sleep(0.005)\n";
+    let mut command = std::process::Command::new("python3");
+    command.args(["-c", thawing]).arg(&ticks).current_dir("/");
+    let mut client = procs::spawn_registered_alone(
+        &mut command,
+        procs::StopPlan::kill(),
+        Some((uid, gid)),
+        Some(&cgroup),
+    )
+    .unwrap();
+    let ticking = || {
+        let before = std::fs::read_to_string(&ticks).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::read_to_string(&ticks).unwrap() != before
+    };
+    assert!(eventually(Duration::from_secs(5), ticking));
+    // SIGSTOP alone does not hold it: its timer wakes it.
+    procs::signal_every_process_of(uid.as_raw(), Signal::SIGSTOP);
+    assert!(
+        ticking(),
+        "the timer's SIGCONT no longer wakes a stopped process"
+    );
+    assert!(freezer::freeze(cgroup.dir()));
+    assert!(!ticking(), "it ran on in its frozen cgroup");
+    procs::signal_every_process_of(uid.as_raw(), Signal::SIGCONT);
+    freezer::thaw(cgroup.dir());
+    assert!(eventually(Duration::from_secs(5), ticking));
+    procs::kill_every_process_of(&[uid.as_raw()]);
+    let _ = client.wait();
+    procs::forget(client.id() as i32);
+    drop(cgroup);
 }

@@ -21,6 +21,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::isolation::Isolation;
 use super::protocol::{FromClient, MAX_LINE, ToClient};
+use crate::freezer::Freezer;
 use crate::nemesis::Victim;
 use crate::output::printable;
 use crate::procs::{self, StopPlan};
@@ -64,6 +65,8 @@ pub struct Client {
     drains: Drains,
     /// The uid it alone runs as (lockslab as root): every process of it is this client's.
     user: Option<u32>,
+    /// Its freezer cgroup, where it and all it starts are born (lockslab as root).
+    freezer: Option<Freezer>,
 }
 
 /// How the run asks a client's reader thread for every line written so far: the number of
@@ -97,12 +100,15 @@ impl Client {
         let home = identity.as_ref().map(|(_, _, home)| home.as_path());
         let mut command = isolation.command(program, &environment(&mark), home);
         let user = identity.as_ref().map(|&(uid, gid, _)| (uid, gid));
+        // A client of its own user gets a freezer of its own too, where there is one.
+        let freezer = user.and_then(|_| Freezer::make(&mark.replace('/', "-")));
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = procs::spawn_registered_alone(&mut command, StopPlan::kill(), user)
-            .with_context(|| format!("starting the client `{}`", program.join(" ")))?;
+        let mut child =
+            procs::spawn_registered_alone(&mut command, StopPlan::kill(), user, freezer.as_ref())
+                .with_context(|| format!("starting the client `{}`", program.join(" ")))?;
         let stdin = child.stdin.take().context("the client's stdin")?;
         let stdout = child.stdout.take().context("the client's stdout")?;
         let stderr = child.stderr.take().context("the client's stderr")?;
@@ -136,6 +142,7 @@ impl Client {
             stderr_closed,
             drains,
             user: user.map(|(uid, _)| uid.as_raw()),
+            freezer,
         })
     }
 
@@ -194,6 +201,10 @@ impl Victim for Client {
 
     fn user(&self) -> Option<u32> {
         self.user
+    }
+
+    fn freezer(&self) -> Option<std::path::PathBuf> {
+        self.freezer.as_ref().map(|f| f.dir().to_path_buf())
     }
 
     /// SIGKILL to its whole group, then reaped: no cleanup code of the client runs. Then

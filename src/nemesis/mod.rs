@@ -101,6 +101,11 @@ pub trait Victim {
     fn user(&self) -> Option<u32> {
         None
     }
+    /// A freezer cgroup holding every process of the victim ([`crate::freezer`]): a pause
+    /// freezes it, which no signal the victim arranged (a timer's SIGCONT) can end.
+    fn freezer(&self) -> Option<std::path::PathBuf> {
+        None
+    }
     /// Ends the process as a crash would and reaps it.
     fn kill_now(&mut self);
     /// Kills it and starts it again in the same place; returns how long it was away.
@@ -195,6 +200,8 @@ struct Active {
     since: Instant,
     /// The victim's own user, all of whose processes were frozen with it.
     user: Option<u32>,
+    /// Its freezer cgroup, frozen.
+    freezer: Option<std::path::PathBuf>,
 }
 
 /// The one place faults are done. It remembers every pause it started, so that a lab
@@ -249,6 +256,13 @@ impl Nemesis {
         if let Some(uid) = victim.user() {
             procs::signal_every_process_of(uid, Signal::SIGSTOP);
         }
+        if let Some(freezer) = victim.freezer() {
+            // Frozen whether or not it stays stopped (a SIGCONT of its own wakes it).
+            if !crate::freezer::freeze(&freezer) {
+                bail!("{} (pid {pid}) did not freeze within 5s", victim.label());
+            }
+            return Ok(());
+        }
         if !procs::wait_until_stopped(pid, STOP_PATIENCE) {
             bail!(
                 "{} (pid {pid}) did not stop within {}s of SIGSTOP (state {:?})",
@@ -298,8 +312,8 @@ impl Nemesis {
         }
         history.record(end);
         procs::signal_group(pid, Signal::SIGCONT)?;
-        if let Some(uid) = active.and_then(|active| active.user) {
-            procs::signal_every_process_of(uid, Signal::SIGCONT);
+        if let Some(active) = active {
+            active.let_go();
         }
         Ok(lasted)
     }
@@ -388,9 +402,7 @@ impl Nemesis {
     pub fn heal(&mut self) {
         for (pid, active) in self.paused.drain() {
             let _ = procs::signal_group(pid, Signal::SIGCONT);
-            if let Some(uid) = active.user {
-                procs::signal_every_process_of(uid, Signal::SIGCONT);
-            }
+            active.let_go();
         }
     }
 }
@@ -401,6 +413,18 @@ impl Active {
             label: victim.label(),
             since: Instant::now(),
             user: victim.user(),
+            freezer: victim.freezer(),
+        }
+    }
+
+    /// The rest of a resume, after SIGCONT to its group: every process of its user, and
+    /// its cgroup thawed.
+    fn let_go(&self) {
+        if let Some(uid) = self.user {
+            procs::signal_every_process_of(uid, Signal::SIGCONT);
+        }
+        if let Some(freezer) = &self.freezer {
+            crate::freezer::thaw(freezer);
         }
     }
 }

@@ -1,0 +1,148 @@
+//! A client's pause that no signal can end: a freezer cgroup of its own (cgroup v1).
+//!
+//! SIGSTOP alone is a polite pause. A process may arm a timer that sends it SIGCONT every
+//! millisecond, and the kernel wakes a stopped process for any SIGCONT, its own included:
+//! such a client would dodge every pause and pass. A frozen cgroup is not signalled awake;
+//! its tasks stay frozen until lockslab thaws it, whatever they arranged before.
+//!
+//! Only where lockslab runs as root and the v1 freezer is mounted writable
+//! (`/sys/fs/cgroup/freezer`); elsewhere a pause is SIGSTOP, and the docs say what that
+//! leaves open. Each client joins its own cgroup before its program starts, and everything
+//! it starts is born there: the client cannot leave it (the cgroup's files are root's).
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const ROOT: &str = "/sys/fs/cgroup/freezer";
+
+/// The cgroups made and not yet removed: an interrupt thaws them before it stops anything
+/// (a frozen process does not die of SIGKILL until it is thawed).
+static MADE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// One client's freezer cgroup, removed when dropped (its processes killed first).
+pub struct Freezer {
+    dir: PathBuf,
+    /// `cgroup.procs`, for the client to join between fork and exec (no allocation there).
+    join: CString,
+}
+
+impl Freezer {
+    /// A cgroup of its own for `name` (its run's id and the client), or None where none can
+    /// be made (not root, no v1 freezer).
+    pub fn make(name: &str) -> Option<Freezer> {
+        if !nix::unistd::Uid::effective().is_root() || !Path::new(ROOT).join("tasks").exists() {
+            return None;
+        }
+        let dir = Path::new(ROOT).join(format!("lockslab-{}-{name}", std::process::id()));
+        fs::create_dir(&dir).ok()?;
+        lock().push(dir.clone());
+        crate::procs::remove_on_cleanup_with(dir.clone(), remove);
+        let join = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).ok()?;
+        Some(Freezer { dir, join })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file a process writes its pid to, to join (see [`join_from_child`]).
+    pub fn join_path(&self) -> &std::ffi::CStr {
+        &self.join
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        remove(&self.dir);
+        crate::procs::forget_dir(&self.dir);
+    }
+}
+
+/// Freezes every task of the cgroup at `dir`; true once the kernel says all are frozen.
+pub fn freeze(dir: &Path) -> bool {
+    if fs::write(dir.join("freezer.state"), "FROZEN").is_err() {
+        return false;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if state(dir).as_deref() == Some("FROZEN") {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
+/// Lets the cgroup's tasks run again.
+pub fn thaw(dir: &Path) {
+    let _ = fs::write(dir.join("freezer.state"), "THAWED");
+}
+
+fn state(dir: &Path) -> Option<String> {
+    Some(
+        fs::read_to_string(dir.join("freezer.state"))
+            .ok()?
+            .trim()
+            .to_string(),
+    )
+}
+
+/// Thaws every cgroup made: the first step of an interrupt's cleanup.
+pub fn thaw_all() {
+    for dir in lock().iter() {
+        thaw(dir);
+    }
+}
+
+/// Thaws the cgroup, kills what is left in it, and removes it (a cgroup with tasks cannot
+/// be removed: again for a moment, while they die).
+fn remove(dir: &Path) {
+    thaw(dir);
+    for _ in 0..100 {
+        let tasks = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in tasks
+            .lines()
+            .filter_map(|line| line.trim().parse::<i32>().ok())
+        {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        if fs::remove_dir(dir).is_ok() || !dir.exists() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    lock().retain(|made| made != dir);
+}
+
+fn lock() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    MADE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Joins the calling process to the cgroup whose `cgroup.procs` is `join`: for the child
+/// between fork and exec, so only plain system calls (open, write, close) and no allocation.
+pub fn join_from_child(join: &std::ffi::CStr) -> std::io::Result<()> {
+    let fd = nix::fcntl::open(
+        join,
+        nix::fcntl::OFlag::O_WRONLY,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let mut digits = [0u8; 12];
+    let mut at = digits.len();
+    let mut pid = nix::unistd::getpid().as_raw() as u32;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (pid % 10) as u8;
+        pid /= 10;
+        if pid == 0 {
+            break;
+        }
+    }
+    nix::unistd::write(&fd, &digits[at..])?;
+    Ok(())
+}
