@@ -40,6 +40,8 @@ impl Freezer {
         }
         let dir = Path::new(ROOT).join(format!("lockslab-{}-{name}", std::process::id()));
         fs::create_dir(&dir).ok()?;
+        static THAW_ON_THE_WAY_OUT: std::sync::Once = std::sync::Once::new();
+        THAW_ON_THE_WAY_OUT.call_once(|| crate::procs::before_stopping(thaw_all));
         lock().push(dir.clone());
         crate::procs::remove_on_cleanup_with(dir.clone(), remove);
         let join = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).ok()?;
@@ -50,7 +52,8 @@ impl Freezer {
         &self.dir
     }
 
-    /// The file a process writes its pid to, to join (see [`join_from_child`]).
+    /// The file a process writes its pid to, to join (see
+    /// [`crate::procs::spawn_registered_alone`]).
     pub fn join_path(&self) -> &std::ffi::CStr {
         &self.join
     }
@@ -122,27 +125,4 @@ fn remove(dir: &Path) {
 
 fn lock() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     MADE.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Joins the calling process to the cgroup whose `cgroup.procs` is `join`: for the child
-/// between fork and exec, so only plain system calls (open, write, close) and no allocation.
-pub fn join_from_child(join: &std::ffi::CStr) -> std::io::Result<()> {
-    let fd = nix::fcntl::open(
-        join,
-        nix::fcntl::OFlag::O_WRONLY,
-        nix::sys::stat::Mode::empty(),
-    )?;
-    let mut digits = [0u8; 12];
-    let mut at = digits.len();
-    let mut pid = nix::unistd::getpid().as_raw() as u32;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (pid % 10) as u8;
-        pid /= 10;
-        if pid == 0 {
-            break;
-        }
-    }
-    nix::unistd::write(&fd, &digits[at..])?;
-    Ok(())
 }

@@ -180,9 +180,9 @@ pub fn spawn_registered_alone(
     command: &mut Command,
     plan: StopPlan,
     user: Option<(nix::unistd::Uid, nix::unistd::Gid)>,
-    freezer: Option<&crate::freezer::Freezer>,
+    cgroup: Option<&std::ffi::CStr>,
 ) -> io::Result<Child> {
-    let join = freezer.map(|f| f.join_path().to_owned());
+    let join = cgroup.map(|procs| procs.to_owned());
     let parent = nix::unistd::getpid();
     let unblock = interrupt_signals();
     // SAFETY: the closure runs in the child between fork and exec, where only
@@ -192,9 +192,9 @@ pub fn spawn_registered_alone(
     unsafe {
         command.pre_exec(move || {
             nix::unistd::setsid()?;
-            // Into its freezer cgroup while still root (its files are root's).
+            // Into its cgroup while still root (the cgroup's files are root's).
             if let Some(join) = &join {
-                crate::freezer::join_from_child(join)?;
+                write_own_pid(join)?;
             }
             if let Some((uid, gid)) = user {
                 // No setuid program it runs gains what its user has not. (Not for a
@@ -213,6 +213,53 @@ pub fn spawn_registered_alone(
         });
     }
     spawn_untied_registered(command, plan)
+}
+
+/// Steps to take on the way out before any child is stopped (thawing frozen cgroups: a
+/// frozen process does not die of SIGKILL until it is thawed).
+static BEFORE_STOPPING: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
+
+/// Registers `step` to run first when lockslab is interrupted (once per step: register it
+/// once).
+pub fn before_stopping(step: fn()) {
+    BEFORE_STOPPING
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(step);
+}
+
+fn run_before_stopping() {
+    let steps = BEFORE_STOPPING
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    for step in steps {
+        step();
+    }
+}
+
+/// Writes the calling process's pid to `file` (a cgroup's `cgroup.procs`, to join it):
+/// for the child between fork and exec, so only plain system calls (open, write, close)
+/// and no allocation.
+fn write_own_pid(file: &std::ffi::CStr) -> io::Result<()> {
+    let fd = nix::fcntl::open(
+        file,
+        nix::fcntl::OFlag::O_WRONLY,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let mut digits = [0u8; 12];
+    let mut at = digits.len();
+    let mut pid = nix::unistd::getpid().as_raw() as u32;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (pid % 10) as u8;
+        pid /= 10;
+        if pid == 0 {
+            break;
+        }
+    }
+    nix::unistd::write(&fd, &digits[at..])?;
+    Ok(())
 }
 
 fn libc_esrch() -> i32 {
@@ -442,8 +489,7 @@ fn parents() -> Vec<(i32, i32)> {
 /// Each child leaves the registry only once it is stopped, so that a second Ctrl-C in the
 /// middle still finds, and kills, whatever is left.
 pub fn stop_all() {
-    // A frozen client does not die of SIGKILL until it is thawed.
-    crate::freezer::thaw_all();
+    run_before_stopping();
     let live: Vec<(i32, StopPlan)> = with_live(|live| {
         // Under the registry's lock: no child can be spawned after this snapshot.
         INTERRUPTED.store(true, Ordering::SeqCst);
@@ -502,7 +548,7 @@ fn children_of(pid: i32) -> Vec<i32> {
 
 /// Kills every registered child at once, without waiting: the second Ctrl-C.
 fn kill_all_now() {
-    crate::freezer::thaw_all();
+    run_before_stopping();
     let live: Vec<(i32, StopPlan)> = with_live(|live| {
         INTERRUPTED.store(true, Ordering::SeqCst);
         live.drain().collect()

@@ -1951,6 +1951,22 @@ fn what_a_client_started_in_a_session_of_its_own_dies_when_the_run_is_sigkilled(
         "left after SIGKILL: {:?}",
         processes_mentioning(&marker)
     );
+    // Killed in the middle of a pause: the watchdog thawed the clients' freezer cgroups
+    // (a frozen process does not die until thawed) and removed them.
+    let cgroups = format!("lockslab-{}-", child.id());
+    let left = || {
+        (std::fs::read_dir("/sys/fs/cgroup/freezer")
+            .into_iter()
+            .flatten()
+            .flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&cgroups))
+        .count()
+    };
+    assert!(
+        common::eventually(Duration::from_secs(10), || left() == 0),
+        "{} freezer cgroups left",
+        left()
+    );
 }
 
 /// A client that double-forks a process into a session of its own with an empty

@@ -690,7 +690,7 @@ fn a_client_that_sends_itself_sigcont_stays_frozen_in_its_cgroup() {
         &mut command,
         procs::StopPlan::kill(),
         Some((uid, gid)),
-        Some(&cgroup),
+        Some(cgroup.join_path()),
     )
     .unwrap();
     let ticking = || {

@@ -106,9 +106,13 @@ impl Client {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child =
-            procs::spawn_registered_alone(&mut command, StopPlan::kill(), user, freezer.as_ref())
-                .with_context(|| format!("starting the client `{}`", program.join(" ")))?;
+        let mut child = procs::spawn_registered_alone(
+            &mut command,
+            StopPlan::kill(),
+            user,
+            freezer.as_ref().map(|f| f.join_path()),
+        )
+        .with_context(|| format!("starting the client `{}`", program.join(" ")))?;
         let stdin = child.stdin.take().context("the client's stdin")?;
         let stdout = child.stdout.take().context("the client's stdout")?;
         let stderr = child.stderr.take().context("the client's stderr")?;
@@ -452,16 +456,26 @@ pub fn sweep(entry: &str, prefix: bool) {
 /// Kills the run's marked processes once lockslab is gone without sweeping — SIGKILL,
 /// which leaves it no time: a shell of its own (its own process group,
 /// no parent-death signal, not marked) that waits for end of file on its stdin, which only
-/// lockslab holds open, then sweeps as [`sweep`] does, and deletes the clients' home (as
-/// root, see [`Isolation`]) once they are gone.
+/// lockslab holds open, then thaws the run's freezer cgroups (a frozen client does not die
+/// of SIGKILL until thawed), sweeps as [`sweep`] does, kills what is left in those cgroups
+/// and removes them, and deletes the clients' home (as root, see [`Isolation`]) once they
+/// are gone.
 pub struct Watchdog(Option<Child>);
 
 const WATCHDOG: &str = r#"while read -r _; do :; done
+for g in /sys/fs/cgroup/freezer/lockslab-*-"$1"-*; do
+  [ -d "$g" ] && echo THAWED > "$g/freezer.state"
+done
 for round in 1 2 3; do
   for d in /proc/[0-9]*; do
     if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -q "^$0=$1/"; then
       kill -9 "${d#/proc/}" 2>/dev/null
     fi
+  done
+  for g in /sys/fs/cgroup/freezer/lockslab-*-"$1"-*; do
+    [ -d "$g" ] || continue
+    for p in $(cat "$g/cgroup.procs" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+    rmdir "$g" 2>/dev/null
   done
   sleep 0.1
 done
