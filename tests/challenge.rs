@@ -898,28 +898,16 @@ for line in sys.stdin:
     );
 }
 
-/// A session of a client's login that no proxy opened: the hostile tester's helper kept one
-/// open to write a table of its own that cancelled a held write. On a Postgres lockslab
-/// starts, the proxy signs in for its client with the login's real password, and the one
-/// the client was given opens the proxy only: Postgres itself refuses the session around
-/// it. Here a correct compare-and-set tries one and says what the server answered.
-#[test]
-fn a_session_around_the_fault_proxy_is_refused_by_postgres() {
-    python_ready();
-    let around = r#"
+/// A correct lockless compare-and-set client (its Postgres connection through its proxy as
+/// `db` and `cur`) that does `{first}` before it says `ready`.
+const CAS_AFTER: &str = r#"
 import json, sys, re, time, psycopg2
 def say(**m):
     sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
 init = json.loads(sys.stdin.readline())
 db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
-cur = db.cursor(); cur.execute("SELECT inet_server_port()"); port = cur.fetchone()[0]
-user, password, name = re.match(r"postgres://([^:]+):([^@]+)@[^/]+/(\w+)", init["postgres_url"]).groups()
-try:
-    psycopg2.connect(host="127.0.0.1", port=port, user=user, password=password, dbname=name)
-    sys.exit("a session around the proxy was let in")
-except psycopg2.OperationalError as refused:
-    if "password authentication failed" not in str(refused):
-        sys.exit("refused, but not for its password: %s" % refused)
+cur = db.cursor()
+{first}
 table = init["table"]
 say(type="ready", notes=True, lock=False)
 for line in sys.stdin:
@@ -937,10 +925,30 @@ for line in sys.stdin:
             break
     say(type="ok", job=job["id"])
 "#;
+
+/// A session of a client's login that no proxy opened: the hostile tester's helper kept one
+/// open to write a table of its own that cancelled a held write. On a Postgres lockslab
+/// starts, the proxy signs in for its client with the login's real password, and the one
+/// the client was given opens the proxy only: Postgres itself refuses the session around
+/// it. Here a correct compare-and-set tries one and says what the server answered.
+#[test]
+fn a_session_around_the_fault_proxy_is_refused_by_postgres() {
+    python_ready();
+    let around = CAS_AFTER.replace(
+        "{first}",
+        r#"cur.execute("SELECT inet_server_port()"); port = cur.fetchone()[0]
+user, password, name = re.match(r"postgres://([^:]+):([^@]+)@[^/]+/(\w+)", init["postgres_url"]).groups()
+try:
+    psycopg2.connect(host="127.0.0.1", port=port, user=user, password=password, dbname=name)
+    sys.exit("a session around the proxy was let in")
+except psycopg2.OperationalError as refused:
+    if "password authentication failed" not in str(refused):
+        sys.exit("refused, but not for its password: %s" % refused)"#,
+    );
     // Private servers: a Postgres of lockslab's own, where each client logs in as its own
     // login (on a given one whose role cannot make roles, the clients share it).
     let output = lockslab(&["challenge", "pause", "--seed", "1", "--", PYTHON])
-        .args(["-c", around])
+        .args(["-c", &around])
         .env_remove("LOCKSLAB_POSTGRES_URL")
         .env("LOCKSLAB_PRIVATE_SERVERS", "1")
         .output()
@@ -958,36 +966,15 @@ for line in sys.stdin:
 #[test]
 fn a_client_that_changes_its_logins_password_leaves_the_run_unknown() {
     python_ready();
-    let changer = r#"
-import json, sys, re, time, psycopg2
-def say(**m):
-    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
-init = json.loads(sys.stdin.readline())
-db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
-cur = db.cursor()
-cur.execute("SET ROLE NONE"); cur.execute("ALTER ROLE CURRENT_USER PASSWORD 'mine'")
+    let changer = CAS_AFTER.replace(
+        "{first}",
+        r#"cur.execute("SET ROLE NONE"); cur.execute("ALTER ROLE CURRENT_USER PASSWORD 'mine'")
 cur.execute("RESET ROLE"); cur.execute("SELECT inet_server_port()"); port = cur.fetchone()[0]
 user, name = re.match(r"postgres://([^:]+):[^@]+@[^/]+/(\w+)", init["postgres_url"]).groups()
-psycopg2.connect(host="127.0.0.1", port=port, user=user, password="mine", dbname=name).close()
-table = init["table"]
-say(type="ready", notes=True, lock=False)
-for line in sys.stdin:
-    job = json.loads(line)
-    while True:
-        cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
-        value, items = cur.fetchone()
-        say(type="writing", job=job["id"])
-        time.sleep(job["work_ms"] / 1000)
-        cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s "
-                    "WHERE record = %s AND value = %s AND items = %s",
-                    (value + job["add"], items + [job["append"]], job["id"], job["record"],
-                     value, items))
-        if cur.rowcount == 1:
-            break
-    say(type="ok", job=job["id"])
-"#;
+psycopg2.connect(host="127.0.0.1", port=port, user=user, password="mine", dbname=name).close()"#,
+    );
     let output = lockslab(&["challenge", "pause", "--json", "--seed", "1", "--", PYTHON])
-        .args(["-c", changer])
+        .args(["-c", &changer])
         .env_remove("LOCKSLAB_POSTGRES_URL")
         .env("LOCKSLAB_PRIVATE_SERVERS", "1")
         .output()
