@@ -579,7 +579,8 @@ fn ctrl_c_leaves_no_frozen_backend_of_a_private_postgres() {
 /// its process group, with an empty environment (no reaper's mark) and undumpable — and one
 /// that forks and exits over and over, so that it is never the same process twice (the
 /// expert reviewer's hopper, which slipped between two readings of `/proc`) — is frozen and
-/// resumed with it, and dies with it.
+/// resumed with it, and dies with it. (It hops every 2ms, not as fast as it can: a fork
+/// storm would starve the tests that run beside it.)
 #[test]
 fn every_process_of_a_clients_user_is_frozen_resumed_and_killed_together() {
     if !nix::unistd::Uid::effective().is_root() {
@@ -599,8 +600,8 @@ fn every_process_of_a_clients_user_is_frozen_resumed_and_killed_together() {
         \x20   n = 0\n\
         \x20   while True:\n\
         \x20       n += 1\n\
-        \x20       if n % 20 == 0:\n\
-        \x20           open(sys.argv[1], 'w').write(str(n))\n\
+        \x20       open(sys.argv[1], 'w').write(str(n))\n\
+        \x20       time.sleep(0.002)\n\
         \x20       if os.fork():\n\
         \x20           os._exit(0)\n\
         print(h.pid, flush=True)\n\
