@@ -193,8 +193,20 @@ fn check_challenge_isolation() {
     if nix::unistd::Uid::effective().is_root() {
         say(
             Mark::Ok,
-            "isolation     as root  challenge clients run as a user of their own",
+            "isolation     as root  challenge clients run each as a user of its own",
         );
+        if crate::freezer::available() {
+            say(
+                Mark::Ok,
+                "freezer       cgroup   a pause freezes each client's own cgroup",
+            );
+        } else {
+            say(
+                Mark::Note,
+                "freezer       none     no cgroup v1 freezer at /sys/fs/cgroup/freezer: a pause \
+                 is SIGSTOP, which a client that sends itself SIGCONT can undo",
+            );
+        }
         return;
     }
     match crate::challenge::isolation::sandbox() {

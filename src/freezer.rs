@@ -35,7 +35,7 @@ impl Freezer {
     /// A cgroup of its own for `name` (its run's id and the client), or None where none can
     /// be made (not root, no v1 freezer).
     pub fn make(name: &str) -> Option<Freezer> {
-        if !nix::unistd::Uid::effective().is_root() || !Path::new(ROOT).join("tasks").exists() {
+        if !available() {
             return None;
         }
         let dir = Path::new(ROOT).join(format!("lockslab-{}-{name}", std::process::id()));
@@ -64,6 +64,12 @@ impl Drop for Freezer {
         remove(&self.dir);
         crate::procs::forget_dir(&self.dir);
     }
+}
+
+/// Whether clients get freezer cgroups here: lockslab runs as root and the v1 freezer is
+/// mounted.
+pub fn available() -> bool {
+    nix::unistd::Uid::effective().is_root() && Path::new(ROOT).join("tasks").exists()
 }
 
 /// Freezes every task of the cgroup at `dir`; true once the kernel says all are frozen.
