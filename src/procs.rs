@@ -415,11 +415,16 @@ fn signal_as(uid: u32, signal: Signal) -> Signalled {
     let id = nix::unistd::Uid::from_raw(uid);
     let gid = nix::unistd::Gid::from_raw(uid);
     // SAFETY: the child of a fork in a threaded process may make only async-signal-safe
-    // calls: setgroups with an empty list, setresgid, setresuid, kill and _exit are plain
-    // system calls, and nothing is allocated.
+    // calls: setsid, setgroups with an empty list, setresgid, setresuid, kill and _exit are
+    // plain system calls, and nothing is allocated.
     match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
             let code = (|| {
+                // A session of its own first: SIGCONT may be sent to any process of the
+                // sender's session, whoever owns it, so from lockslab's session a
+                // `kill(-1, SIGCONT)` would wake every frozen process there (a lab's
+                // worker mid-pause included), not only the user's.
+                nix::unistd::setsid().ok()?;
                 nix::unistd::setgroups(&[]).ok()?;
                 nix::unistd::setresgid(gid, gid, gid).ok()?;
                 nix::unistd::setresuid(id, id, id).ok()?;

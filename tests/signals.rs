@@ -636,7 +636,28 @@ fn every_process_of_a_clients_user_is_frozen_resumed_and_killed_together() {
     procs::signal_every_process_of(uid.as_raw(), Signal::SIGSTOP);
     assert!(eventually(Duration::from_secs(2), || states() == [Some('T'); 2]));
     assert!(!hopping(), "the hopper went on while its user was frozen");
+    // A stopped process of this session, root's: SIGCONT may be sent to any process of the
+    // sender's session, so the resume must come from a session of its own (a lab's
+    // worker mid-pause was woken by it in a CI rehearsal).
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let bystander_pid = bystander.id() as i32;
+    kill(Pid::from_raw(bystander_pid), Signal::SIGSTOP).unwrap();
+    assert!(eventually(Duration::from_secs(2), || proc_state(
+        bystander_pid
+    ) == Some('T')));
     procs::signal_every_process_of(uid.as_raw(), Signal::SIGCONT);
+    std::thread::sleep(Duration::from_millis(50));
+    let bystander_state = proc_state(bystander_pid);
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    assert_eq!(
+        bystander_state,
+        Some('T'),
+        "the resume woke a process of another user"
+    );
     assert!(eventually(Duration::from_secs(5), || {
         states().iter().all(|s| matches!(s, Some('S' | 'R')))
     }));
