@@ -358,10 +358,7 @@ pub fn stop(pid: i32, plan: &StopPlan) {
                 thread::sleep(Duration::from_millis(10))
             }
             Ok(WaitStatus::StillAlive) => {
-                let segments = PostgresSegments::mapped_under(pid);
-                let _ = killpg(group, Signal::SIGKILL);
-                let _ = waitpid(group, None);
-                segments.remove();
+                FrozenFamily::freeze(pid).kill();
                 break;
             }
             // Exited and reaped now, or reaped earlier (ECHILD), or not our child.
@@ -473,20 +470,44 @@ pub(crate) fn descendants_but(pid: i32, spared: &std::collections::BTreeSet<i32>
 
 /// Every process with its parent, `(pid, ppid)`, from one reading of /proc.
 fn parents() -> Vec<(i32, i32)> {
+    (parents_and_groups().into_iter())
+        .map(|(process, ppid, _)| (process, ppid))
+        .collect()
+}
+
+/// Every process with its parent and its process group, `(pid, ppid, pgid)`, from one
+/// reading of /proc.
+fn parents_and_groups() -> Vec<(i32, i32, i32)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|child| {
-            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
-            // `pid (comm) state ppid …`: the comm may hold spaces and parentheses.
-            let after = stat.rsplit_once(')')?.1;
-            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
-            Some((child, ppid))
+        .filter_map(|process| {
+            let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).ok()?;
+            // `pid (comm) state ppid pgrp …`: the comm may hold spaces and parentheses.
+            let mut after = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
+            let ppid = after.next()?.parse().ok()?;
+            let pgid = after.next()?.parse().ok()?;
+            Some((process, ppid, pgid))
         })
         .collect()
+}
+
+/// Every process below `pid` in one reading of the table of [`parents_and_groups`].
+fn descendants_in(table: &[(i32, i32, i32)], pid: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for &(child, ppid, _) in table {
+            if ppid == parent && !found.contains(&child) {
+                found.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    found
 }
 
 /// Ends every registered child: used on Ctrl-C, SIGTERM and SIGHUP (through [`shut_down`]).
@@ -559,12 +580,7 @@ fn kill_all_now() {
         live.drain().collect()
     });
     for (pid, _) in live {
-        let segments = PostgresSegments::mapped_under(pid);
-        let group = Pid::from_raw(pid);
-        let _ = killpg(group, Signal::SIGKILL);
-        let _ = killpg(group, Signal::SIGCONT);
-        let _ = waitpid(group, None);
-        segments.remove();
+        FrozenFamily::freeze(pid).kill();
     }
     remove_registered_dirs();
     reap_stray_children();
@@ -577,36 +593,99 @@ pub fn postgres_segments_mapped_by(pid: i32) -> Vec<std::path::PathBuf> {
     maps.lines()
         // `range perms offset dev inode path`: the path is the sixth field.
         .filter_map(|line| line.split_whitespace().nth(5))
-        .filter(|path| path.starts_with("/dev/shm/PostgreSQL."))
+        .filter(|path| is_postgres_segment(Path::new(path)))
         .map(std::path::PathBuf::from)
         .collect()
 }
 
-/// The POSIX shared-memory segments (`/dev/shm/PostgreSQL.*`) that a `postgres` below one of
-/// lockslab's children has mapped, found before that child's group is killed.
+/// The `/dev/shm/PostgreSQL.*` files process `pid` holds open: a segment between its
+/// `shm_open` and its `mmap` is only that.
+fn postgres_segments_open_in(pid: i32) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    (entries.flatten())
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .filter(|path| is_postgres_segment(path))
+        .collect()
+}
+
+fn is_postgres_segment(path: &Path) -> bool {
+    path.to_str()
+        .is_some_and(|path| path.starts_with("/dev/shm/PostgreSQL."))
+}
+
+/// One of lockslab's children and every process of its group or below it, stopped, with the
+/// POSIX shared-memory segments (`/dev/shm/PostgreSQL.*`) they hold: what a SIGKILL of that
+/// child is about to leave behind.
 ///
 /// A Postgres cleans its segments up as it exits, but not when SIGKILL ends it: they stay in
 /// `/dev/shm` until the machine restarts. lockslab's servers keep theirs in their data
 /// directory (`dynamic_shared_memory_type=mmap`), which goes with the directory; the
 /// `postgres` that `initdb` runs cannot be told so, and a second Ctrl-C kills it. These
-/// names were mapped by our own children, now dead, so no one else uses them.
-struct PostgresSegments(Vec<std::path::PathBuf>);
+/// names were held by our own children, now dead, so no one else uses them.
+///
+/// Everything is stopped before it is looked at: a process still running could create a
+/// segment between the look and the kill (a CI run once left one that way). Found by group
+/// as well as by parent, for `initdb`'s `postgres` outlives an `initdb` that a first Ctrl-C
+/// ended, and stays in its group. A segment mapped by nobody and open in nobody (one
+/// unmapped a moment before its `shm_unlink`) is not seen.
+struct FrozenFamily {
+    group: Pid,
+    members: Vec<i32>,
+    segments: Vec<std::path::PathBuf>,
+}
 
-impl PostgresSegments {
-    fn mapped_under(pid: i32) -> PostgresSegments {
-        let mut found: Vec<std::path::PathBuf> = Vec::new();
-        for process in std::iter::once(pid).chain(descendants(pid)) {
-            for path in postgres_segments_mapped_by(process) {
-                if !found.contains(&path) {
-                    found.push(path);
+impl FrozenFamily {
+    fn freeze(pid: i32) -> FrozenFamily {
+        let group = Pid::from_raw(pid);
+        let _ = killpg(group, Signal::SIGSTOP);
+        let mut members = vec![pid];
+        // Until a reading finds nobody new: a process may have forked before it stopped.
+        loop {
+            let table = parents_and_groups();
+            let found: Vec<i32> = (table.iter())
+                .filter(|&&(process, _, pgid)| pgid == pid && !members.contains(&process))
+                .map(|&(process, _, _)| process)
+                .chain(descendants_in(&table, pid))
+                .filter(|process| !members.contains(process))
+                .collect();
+            if found.is_empty() {
+                break;
+            }
+            for &process in &found {
+                let _ = kill(Pid::from_raw(process), Signal::SIGSTOP);
+                if !members.contains(&process) {
+                    members.push(process);
                 }
             }
         }
-        PostgresSegments(found)
+        let mut segments: Vec<std::path::PathBuf> = Vec::new();
+        for &process in &members {
+            let open = postgres_segments_open_in(process);
+            for path in open.into_iter().chain(postgres_segments_mapped_by(process)) {
+                if !segments.contains(&path) {
+                    segments.push(path);
+                }
+            }
+        }
+        FrozenFamily {
+            group,
+            members,
+            segments,
+        }
     }
 
-    fn remove(self) {
-        for path in self.0 {
+    /// SIGKILLs all of them (then SIGCONT: nothing stays stopped), reaps the child, and
+    /// removes the segments they held.
+    fn kill(self) {
+        let _ = killpg(self.group, Signal::SIGKILL);
+        for &process in &self.members {
+            let _ = kill(Pid::from_raw(process), Signal::SIGKILL);
+        }
+        let _ = killpg(self.group, Signal::SIGCONT);
+        let _ = waitpid(self.group, None);
+        for path in self.segments {
             let _ = std::fs::remove_file(path);
         }
     }

@@ -396,7 +396,7 @@ fn an_interrupt_while_initdb_runs_leaves_no_directory_process_or_shared_memory()
 #[test]
 fn a_second_interrupt_while_initdb_runs_leaves_no_directory_or_shared_memory() {
     let lab: Vec<&str> = [&QUICK_LAB[..], &["--private-servers"]].concat();
-    for after_ms in [0, 100, 250] {
+    for after_ms in [0, 40, 100, 170, 250] {
         let world = World::new();
         let case = format!("two SIGINTs {after_ms} ms after initdb's postgres started");
         let mut child = world
