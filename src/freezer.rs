@@ -1,8 +1,9 @@
 //! A client's pause that no signal can end: a freezer cgroup of its own (cgroup v1).
 //!
-//! SIGSTOP alone is a polite pause. A process may arm a timer that sends it SIGCONT every
-//! millisecond, and the kernel wakes a stopped process for any SIGCONT, its own included:
-//! such a client would dodge every pause and pass. A frozen cgroup is not signalled awake;
+//! SIGSTOP alone is a polite pause. A process may arm a timer (`timer_create`) that sends it
+//! SIGCONT every millisecond, and the kernel wakes a stopped process for any SIGCONT, its
+//! own included, even one it blocks or ignores: such a client would dodge every pause and
+//! pass. A frozen cgroup is not signalled awake;
 //! its tasks stay frozen until lockslab thaws it, whatever they arranged before.
 //!
 //! Only where lockslab runs as root and the v1 freezer is mounted writable
@@ -69,7 +70,10 @@ impl Drop for Freezer {
 /// Whether clients get freezer cgroups here: lockslab runs as root and the v1 freezer is
 /// mounted.
 pub fn available() -> bool {
-    nix::unistd::Uid::effective().is_root() && Path::new(ROOT).join("tasks").exists()
+    nix::unistd::Uid::effective().is_root()
+        && Path::new(ROOT).join("tasks").exists()
+        // Mounted read-only (as in a container), it could not make a cgroup.
+        && nix::unistd::access(ROOT, nix::unistd::AccessFlags::W_OK).is_ok()
 }
 
 /// Freezes every task of the cgroup at `dir`; true once the kernel says all are frozen.
@@ -108,25 +112,38 @@ pub fn thaw_all() {
     }
 }
 
+/// Kills every task of the cgroup at `dir`: frozen first, so that none forks, or signals
+/// anything, while the others are killed; thawed, they die.
+pub fn kill_everyone(dir: &Path) {
+    freeze(dir);
+    kill_tasks(dir);
+    thaw(dir);
+}
+
 /// Thaws the cgroup, kills what is left in it, and removes it (a cgroup with tasks cannot
 /// be removed: again for a moment, while they die).
 fn remove(dir: &Path) {
     thaw(dir);
     for _ in 0..100 {
-        let tasks = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-        for pid in tasks
-            .lines()
-            .filter_map(|line| line.trim().parse::<i32>().ok())
-        {
-            let pid = nix::unistd::Pid::from_raw(pid);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        }
+        kill_tasks(dir);
         if fs::remove_dir(dir).is_ok() || !dir.exists() {
             break;
         }
         thread::sleep(Duration::from_millis(10));
     }
     lock().retain(|made| made != dir);
+}
+
+/// SIGKILL to every task now in the cgroup at `dir`.
+fn kill_tasks(dir: &Path) {
+    let tasks = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    for pid in tasks
+        .lines()
+        .filter_map(|line| line.trim().parse::<i32>().ok())
+    {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    }
 }
 
 fn lock() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {

@@ -390,9 +390,10 @@ pub fn kill_every_process_of(uids: &[u32]) {
 }
 
 /// Sends `signal` to every process of `uid` (a user lockslab made for one client) at once:
-/// a pause freezes them all, and a resume lets them all go.
-pub fn signal_every_process_of(uid: u32, signal: Signal) {
-    signal_as(uid, signal);
+/// a pause freezes them all, and a resume lets them all go. False if it could not be sent
+/// (each helper that was to send it stopped or killed by the user's own processes).
+pub fn signal_every_process_of(uid: u32, signal: Signal) -> bool {
+    signal_as(uid, signal) != Signalled::Failed
 }
 
 #[derive(PartialEq, Eq)]
@@ -409,12 +410,26 @@ enum Signalled {
 /// readings of `/proc` as a scan would. Only lockslab's own users may be given: as root
 /// it can become any of them.
 fn signal_as(uid: u32, signal: Signal) -> Signalled {
+    // Once the helper is `uid`, the user's processes may signal it too: one that stops it
+    // (a client looping `kill(-1, SIGSTOP)`, woken by our SIGCONT) would leave lockslab
+    // waiting for it for ever. A helper that is stopped, killed or slow is killed, and the
+    // signal sent again by a new one.
+    for _ in 0..5 {
+        if let Some(signalled) = signal_as_once(uid, signal) {
+            return signalled;
+        }
+    }
+    Signalled::Failed
+}
+
+/// One helper's try at [`signal_as`]; None if it did not get to say how it went.
+fn signal_as_once(uid: u32, signal: Signal) -> Option<Signalled> {
     let id = nix::unistd::Uid::from_raw(uid);
     let gid = nix::unistd::Gid::from_raw(uid);
     // SAFETY: the child of a fork in a threaded process may make only async-signal-safe
     // calls: setsid, setgroups with an empty list, setresgid, setresuid, kill and _exit are
     // plain system calls, and nothing is allocated.
-    match unsafe { nix::unistd::fork() } {
+    let child = match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
             let code = (|| {
                 // A session of its own first: SIGCONT may be sent to any process of the
@@ -435,12 +450,27 @@ fn signal_as(uid: u32, signal: Signal) -> Signalled {
             // SAFETY: _exit ends the child at once, running nothing of the parent's.
             unsafe { nix::libc::_exit(code) }
         }
-        Ok(nix::unistd::ForkResult::Parent { child }) => match waitpid(child, None) {
-            Ok(WaitStatus::Exited(_, 0)) => Signalled::Some,
-            Ok(WaitStatus::Exited(_, 1)) => Signalled::None,
-            _ => Signalled::Failed,
-        },
-        Err(_) => Signalled::Failed,
+        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+        Err(_) => return Some(Signalled::Failed),
+    };
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut nap = Duration::from_micros(50);
+    loop {
+        match waitpid(child, Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED)) {
+            Ok(WaitStatus::Exited(_, 0)) => return Some(Signalled::Some),
+            Ok(WaitStatus::Exited(_, 1)) => return Some(Signalled::None),
+            Ok(WaitStatus::Exited(..)) | Err(_) => return Some(Signalled::Failed),
+            Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                thread::sleep(nap);
+                nap = (nap * 2).min(Duration::from_millis(5));
+            }
+            // Stopped or killed by the user's processes, or stuck: gone, and tried again.
+            _ => {
+                let _ = kill(child, Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                return None;
+            }
+        }
     }
 }
 

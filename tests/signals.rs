@@ -737,3 +737,57 @@ fn a_client_that_sends_itself_sigcont_stays_frozen_in_its_cgroup() {
     procs::forget(client.id() as i32);
     drop(cgroup);
 }
+
+/// The helper that signals a client's user is, for that moment, a process of the user: a
+/// client that loops `kill(-1, SIGSTOP)` stops it the moment the resume wakes the client
+/// (the expert reviewer's find). lockslab waited for that helper for ever; now a stopped
+/// helper is killed and another sent, and a pause, a resume and a kill each come back.
+#[test]
+fn a_client_that_stops_every_process_of_its_user_cannot_hang_lockslab() {
+    if !nix::unistd::Uid::effective().is_root() {
+        return; // clients get users of their own only when lockslab runs as root
+    }
+    use lockslab::procs;
+    let (uid, gid) = lockslab::identities::free(lockslab::identities::CLIENT_UIDS, 1).unwrap()[0];
+    let stopper = "import ctypes\n\
+        kill = ctypes.CDLL(None).kill\n\
+        while True:\n\
+        \x20   kill(-1, 19)\n";
+    let mut command = std::process::Command::new("python3");
+    command.args(["-c", stopper]).current_dir("/");
+    let mut client = procs::spawn_registered_alone(
+        &mut command,
+        procs::StopPlan::kill(),
+        Some((uid, gid)),
+        None,
+    )
+    .unwrap();
+    let pid = client.id() as i32;
+    let (done, finished) = std::sync::mpsc::channel();
+    let raw = uid.as_raw();
+    std::thread::spawn(move || {
+        for _ in 0..100 {
+            procs::signal_every_process_of(raw, Signal::SIGSTOP);
+            procs::signal_every_process_of(raw, Signal::SIGCONT);
+        }
+        procs::kill_every_process_of(&[raw]);
+        let _ = done.send(());
+    });
+    let came_back = finished.recv_timeout(Duration::from_secs(60)).is_ok();
+    if !came_back {
+        // The client, and the helper it stopped: nothing of this user is left behind.
+        let _ = std::process::Command::new("pkill")
+            .args(["-KILL", "-U", &raw.to_string()])
+            .status();
+    }
+    let _ = client.wait();
+    procs::forget(pid);
+    assert!(
+        came_back,
+        "a helper stopped by the client left lockslab waiting"
+    );
+    assert!(
+        std::iter::once(pid).all(|p| proc_state(p).is_none()),
+        "the client outlived the kill"
+    );
+}

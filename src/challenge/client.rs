@@ -215,6 +215,11 @@ impl Victim for Client {
     /// whatever it started out of its group (marked, see [`MARK`]), even after it exited.
     fn kill_now(&mut self) {
         self.to = None;
+        if let Some(freezer) = &self.freezer {
+            // Everything it started dies with it, at once: nothing of its can fork, or stop
+            // the helper that kills its user's processes, meanwhile.
+            crate::freezer::kill_everyone(freezer.dir());
+        }
         if let Some(child) = self.child.take() {
             procs::stop(child.id() as i32, &StopPlan::kill());
         }

@@ -252,16 +252,26 @@ impl Nemesis {
         let pid = alive_pid(victim)?;
         history.record(fault_event(fault, &victim.label(), pid, note));
         self.paused.insert(pid, Active::now(victim));
-        procs::signal_group(pid, Signal::SIGSTOP)?;
-        if let Some(uid) = victim.user() {
-            procs::signal_every_process_of(uid, Signal::SIGSTOP);
-        }
         if let Some(freezer) = victim.freezer() {
-            // Frozen whether or not it stays stopped (a SIGCONT of its own wakes it).
+            // Frozen first, whether or not it stays stopped (a SIGCONT of its own wakes it):
+            // a frozen process can neither fork nor stop the helper that stops its user.
             if !crate::freezer::freeze(&freezer) {
                 bail!("{} (pid {pid}) did not freeze within 5s", victim.label());
             }
+            procs::signal_group(pid, Signal::SIGSTOP)?;
+            if let Some(uid) = victim.user() {
+                procs::signal_every_process_of(uid, Signal::SIGSTOP);
+            }
             return Ok(());
+        }
+        procs::signal_group(pid, Signal::SIGSTOP)?;
+        if let Some(uid) = victim.user()
+            && !procs::signal_every_process_of(uid, Signal::SIGSTOP)
+        {
+            bail!(
+                "{} (pid {pid}): not every process of its user could be stopped",
+                victim.label()
+            );
         }
         if !procs::wait_until_stopped(pid, STOP_PATIENCE) {
             bail!(
