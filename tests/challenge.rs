@@ -1711,6 +1711,74 @@ sys.exit(1)
     );
 }
 
+/// Under `pause` and `delay` a held write is tried in the client's own session and rolled
+/// back. Every place a client could read that try off — a session's activity, lock and
+/// transaction state, the tables' update counters (a rolled-back update counts), the
+/// snapshot's running transactions — is refused to it, its default role dropped or not
+/// (the expert's find: `pg_stat_get_backend_activity` and `n_tup_upd` were still open).
+#[test]
+fn every_statistic_a_client_could_read_a_try_off_is_refused() {
+    python_ready();
+    let probe = r#"
+import json, sys, psycopg2
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"]); db.autocommit = True; cur = db.cursor()
+print(json.dumps({"type": "ready", "notes": False}), flush=True)
+cur.execute("RESET ROLE")
+probes = {
+    "backend_activity": "SELECT pg_stat_get_backend_activity(s) FROM pg_stat_get_backend_idset() s",
+    "backend_xact_start": "SELECT pg_stat_get_backend_xact_start(1)",
+    "stat_activity": "SELECT query FROM pg_stat_activity",
+    "locks": "SELECT * FROM pg_locks",
+    "lock_status": "SELECT * FROM pg_lock_status()",
+    "tuples_updated": "SELECT n_tup_upd FROM pg_stat_user_tables",
+    "xact_tuples_updated": "SELECT n_tup_upd FROM pg_stat_xact_all_tables",
+    "dead_tuples": "SELECT pg_stat_get_dead_tuples('pg_class'::regclass)",
+    "database_rollbacks": "SELECT xact_rollback FROM pg_stat_database",
+    "snapshot": "SELECT pg_current_snapshot()",
+    "txid_snapshot": "SELECT txid_current_snapshot()",
+    "txid_status": "SELECT txid_status(3)",
+    "xact_status": "SELECT pg_xact_status('3'::xid8)",
+}
+allowed = []
+for name, sql in probes.items():
+    try:
+        cur.execute(sql)
+        allowed.append(name)
+    except psycopg2.Error:
+        pass
+cur.execute("SELECT 1")  # the session itself still works
+sys.stderr.write("PROBE-allowed:%s-end\\n" % ",".join(allowed))
+sys.exit(1)
+"#;
+    let output = lockslab(&[
+        "challenge",
+        "pause",
+        "--private-servers",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        PYTHON,
+        "-c",
+        probe,
+    ])
+    // Servers of its own: the revokes are made only on a Postgres lockslab started.
+    .env_remove("LOCKSLAB_REDIS_URL")
+    .env_remove("LOCKSLAB_ETCD_URL")
+    .env_remove("LOCKSLAB_POSTGRES_URL")
+    .output()
+    .unwrap();
+    let verdict = verdict_in(&output);
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    let allowed = failure
+        .split("PROBE-allowed:")
+        .nth(1)
+        .and_then(|rest| rest.split("-end").next())
+        .unwrap_or_else(|| panic!("the probe did not report: {verdict}"));
+    assert_eq!(allowed, "", "a client may read these: {allowed}");
+}
+
 /// On a Postgres whose role may create roles, the clients connect as a role made for the
 /// run — not the grader's — and it is gone when the run ends.
 #[test]

@@ -209,12 +209,31 @@ const CLIENTS_MAY_CREATE: &str = "'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INT
 /// row (its query, its `backend_xid`). A client that turns careful only when it sees one of
 /// those behaves well under lockslab and blind in production. (The row's `xmax` is kept
 /// from the clients by their column grants, [`create_client_role`].)
-pub const HIDE_THE_TRIES: &str = "
-    REVOKE EXECUTE ON FUNCTION pg_catalog.txid_status(bigint), pg_catalog.pg_xact_status(xid8),
-        pg_catalog.pg_lock_status(), pg_catalog.pg_stat_get_db_xact_rollback(oid),
-        pg_catalog.pg_stat_get_activity(integer) FROM PUBLIC;
-    REVOKE SELECT ON pg_catalog.pg_locks, pg_catalog.pg_stat_database,
-        pg_catalog.pg_stat_activity FROM PUBLIC;";
+pub const HIDE_THE_TRIES: &str = r"
+    DO $$
+    DECLARE
+        hidden record;
+    BEGIN
+        -- Every statistics function: per-backend activity, transaction and tuple counters
+        -- (an update rolled back still counts in n_tup_upd), and what the views below show.
+        FOR hidden IN
+            SELECT p.oid::regprocedure AS function FROM pg_catalog.pg_proc p
+            WHERE p.pronamespace = 'pg_catalog'::regnamespace
+              AND (p.proname LIKE 'pg\_stat\_get\_%'
+                   OR p.proname IN ('txid_status', 'pg_xact_status', 'pg_lock_status',
+                                    'pg_current_snapshot', 'txid_current_snapshot'))
+        LOOP
+            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC',
+                                      hidden.function);
+        END LOOP;
+        FOR hidden IN
+            SELECT c.oid::regclass AS view FROM pg_catalog.pg_class c
+            WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relkind = 'v'
+              AND (c.relname LIKE 'pg\_stat%' OR c.relname = 'pg_locks')
+        LOOP
+            EXECUTE pg_catalog.format('REVOKE SELECT ON %s FROM PUBLIC', hidden.view);
+        END LOOP;
+    END $$;";
 
 /// An event trigger (Postgres runs it before every DDL command of the database) that refuses
 /// the clients' role anything but [`CLIENTS_MAY_CREATE`]. Only a superuser may make one;
