@@ -186,8 +186,8 @@ pub fn spawn_registered_alone(
     let parent = nix::unistd::getpid();
     let unblock = interrupt_signals();
     // SAFETY: the closure runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed: setsid, prctl, setgroups (with an empty list,
-    // nothing allocated), setgid, setuid, sigprocmask and getppid are plain system calls, and
+    // async-signal-safe calls are allowed: setsid, prctl, setrlimit, setgroups (with an empty
+    // list, nothing allocated), setgid, setuid, sigprocmask and getppid are plain system calls, and
     // errors are built from a raw errno without allocating.
     unsafe {
         command.pre_exec(move || {
@@ -200,6 +200,14 @@ pub fn spawn_registered_alone(
                 // No setuid program it runs gains what its user has not. (Not for a
                 // sandbox: `bwrap` may itself be setuid.)
                 nix::sys::prctl::set_no_new_privs()?;
+                // A user of its own: its fork bomb stops at this many processes, not at the
+                // machine's (the hostile tester's client was allowed 96370).
+                let most = CLIENT_PROCESSES;
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_NPROC,
+                    most,
+                    most,
+                )?;
                 nix::unistd::setgroups(&[])?;
                 nix::unistd::setgid(gid)?;
                 nix::unistd::setuid(uid)?;
@@ -214,6 +222,10 @@ pub fn spawn_registered_alone(
     }
     spawn_untied_registered(command, plan)
 }
+
+/// How many processes a client's user may run at once (`RLIMIT_NPROC`): far more than a
+/// lock client and its helpers need, far fewer than would starve the machine.
+pub const CLIENT_PROCESSES: u64 = 256;
 
 /// Steps to take on the way out before any child is stopped (thawing frozen cgroups: a
 /// frozen process does not die of SIGKILL until it is thawed).

@@ -1739,6 +1739,8 @@ probes = {
     "txid_snapshot": "SELECT txid_current_snapshot()",
     "txid_status": "SELECT txid_status(3)",
     "xact_status": "SELECT pg_xact_status('3'::xid8)",
+    "sql_from_text": "SELECT query_to_xml('SELECT 1', false, false, '')",
+    "ts_stat": "SELECT * FROM ts_stat('SELECT to_tsvector(''a'')')",
 }
 allowed = []
 for name, sql in probes.items():

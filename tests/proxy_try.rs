@@ -30,30 +30,35 @@ impl Bench {
                  DROP TABLE IF EXISTS {table}_log;
                  CREATE TABLE {table} (record text PRIMARY KEY, value bigint NOT NULL);
                  INSERT INTO {table} VALUES ('r0', 0), ('r1', 0);
-                 CREATE TABLE {table}_log (seq bigserial, pid int, rows bigint);
+                 CREATE TABLE {table}_log (seq bigserial, pid int, rows bigint, changed bigint);
                  CREATE FUNCTION {table}_logged() RETURNS trigger LANGUAGE plpgsql AS $$
                  BEGIN
-                     INSERT INTO {table}_log (pid, rows)
-                         SELECT pg_backend_pid(), count(*) FROM touched;
+                     INSERT INTO {table}_log (pid, rows, changed)
+                         SELECT pg_backend_pid(), count(*),
+                                count(*) FILTER (WHERE o IS DISTINCT FROM n)
+                         FROM touched n JOIN untouched o USING (record);
                      RETURN NULL;
                  END $$;
-                 CREATE TRIGGER logged AFTER UPDATE ON {table} REFERENCING NEW TABLE AS touched
-                     FOR EACH STATEMENT EXECUTE FUNCTION {table}_logged();"
+                 CREATE TRIGGER logged AFTER UPDATE ON {table}
+                     REFERENCING OLD TABLE AS untouched NEW TABLE AS touched
+                     FOR EACH STATEMENT EXECUTE FUNCTION {table}_logged();
+                 CREATE TABLE {table}_tries (pid int, nonce text, mark bigint);
+                 CREATE FUNCTION {table}_begins(nonce text) RETURNS void LANGUAGE sql AS
+                 $$ INSERT INTO {table}_tries
+                        SELECT pg_backend_pid(), nonce, coalesce(max(seq), 0) FROM {table}_log $$;
+                 CREATE FUNCTION {table}_changed(nonce text) RETURNS bigint LANGUAGE sql AS
+                 $$ SELECT (SELECT coalesce(sum(l.changed), 0)::bigint FROM {table}_log l
+                            WHERE l.seq > t.mark AND l.pid = t.pid)
+                    FROM {table}_tries t
+                    WHERE t.pid = pg_backend_pid() AND t.nonce = {table}_changed.nonce $$;"
             ))
             .unwrap();
         let proxy = Proxy::start("test→postgres", proxy::upstream_of(url).unwrap()).unwrap();
         proxy.watch_writes(&table);
         proxy.try_writes(Probe {
-            mark: format!("SELECT coalesce(max(seq), 0) FROM {table}_log"),
-            rows_since: format!("{table}_rows_since"),
+            begins: format!("{table}_begins"),
+            changed: format!("{table}_changed"),
         });
-        other
-            .batch_execute(&format!(
-                "CREATE FUNCTION {table}_rows_since(mark bigint) RETURNS bigint LANGUAGE sql AS
-                 $$ SELECT coalesce(sum(rows), 0)::bigint FROM {table}_log
-                    WHERE seq > mark AND pid = pg_backend_pid() $$;"
-            ))
-            .unwrap();
         let client = Client::connect(&proxy::through(url, proxy.addr()).unwrap(), NoTls).unwrap();
         Bench {
             proxy,
@@ -137,8 +142,8 @@ impl Drop for Bench {
         self.proxy.stop();
         let table = &self.table;
         let _ = (self.other).batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}, {table}_log;
-             DROP FUNCTION IF EXISTS {table}_logged, {table}_rows_since;"
+            "DROP TABLE IF EXISTS {table}, {table}_log, {table}_tries;
+             DROP FUNCTION IF EXISTS {table}_logged, {table}_begins, {table}_changed;"
         ));
     }
 }
@@ -155,10 +160,16 @@ fn a_write_that_matches_nothing_goes_by_and_the_one_that_changes_the_records_is_
     let simple = format!("UPDATE {table} SET value = 9 WHERE record = 'r9'");
     let sent = bench.send(simple);
     bench.answered_at_once(sent).unwrap();
+    // A row updated to what it was: no job's effect (the hostile tester's `SET fence =
+    // fence … AND clock_timestamp() < deadline`, sent ahead of a blind write to take the
+    // fault there).
+    let same = format!("UPDATE {table} SET value = value WHERE record = 'r0'");
+    let sent = bench.send(same);
+    bench.answered_at_once(sent).unwrap();
     assert_eq!(
         bench.seen(),
-        vec![Seen::WriteChangedNothing, Seen::WriteChangedNothing],
-        "no row matched: nothing held"
+        vec![Seen::WriteChangedNothing; 3],
+        "no row matched, or none changed: nothing held"
     );
     assert_eq!(bench.proxy.fault(Direction::Up), Some(NetFault::HoldWrite));
     // The write that changes r0 is caught, tried, and held; its try left no trace.
@@ -180,6 +191,38 @@ fn a_write_that_matches_nothing_goes_by_and_the_one_that_changes_the_records_is_
         "{seen:?}"
     );
     assert_eq!(bench.value("r0"), 5, "the real write, once");
+}
+
+/// The held write runs in the try with the client's rights: one that rewrites what the try
+/// counts from (a setting, built with `concat` so that no word of it shows, and set by
+/// `query_to_xml` — the hostile tester's `letby`) still counts as the change it is, and is
+/// held: the try's start is kept under a nonce in a table the client cannot write.
+#[test]
+fn a_write_that_rewrites_the_tries_mark_from_inside_is_held_all_the_same() {
+    let mut bench = Bench::new("forge");
+    let table = bench.table.clone();
+    bench.proxy.set(Direction::Up, NetFault::HoldWrite);
+    let sent = bench.send(format!(
+        "UPDATE {table} SET value = value + 3 WHERE record = 'r1' AND query_to_xml(\
+         concat('select set_con', 'fig(''lockslab.try_mark'', ''999999'', true)'), \
+         false, false, '') IS NOT NULL"
+    ));
+    let seen = caught(&bench.proxy);
+    bench.proxy.clear(Direction::Up);
+    bench.answer(sent).unwrap();
+    // Not tried at all (`query_to_xml` runs SQL the batch does not show), or tried and
+    // counted as the change it is: never a write that changes nothing.
+    assert!(
+        matches!(
+            seen.last(),
+            Some(Seen::WriteHeld {
+                tried: Tried::Changes | Tried::Untried(_),
+                ..
+            })
+        ) && !seen.contains(&Seen::WriteChangedNothing),
+        "{seen:?}"
+    );
+    assert_eq!(bench.value("r1"), 3, "the real write, once");
 }
 
 /// A fault aimed at the commit holds the commit of a change, not a decoy: a write that
@@ -422,8 +465,8 @@ fn a_proxy_that_signs_in_keeps_the_logins_password_from_its_client() {
     let mut proxy = Proxy::start("test→postgres", proxy::upstream_of(url).unwrap()).unwrap();
     proxy.watch_writes("lockslab_sign_in_records");
     proxy.try_writes(Probe {
-        mark: "SELECT 0".into(),
-        rows_since: "unused".into(),
+        begins: "unused".into(),
+        changed: "unused".into(),
     });
     proxy.sign_in_for(proxy::SignIn {
         login: login.clone(),

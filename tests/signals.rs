@@ -763,6 +763,15 @@ fn a_client_that_stops_every_process_of_its_user_cannot_hang_lockslab() {
     )
     .unwrap();
     let pid = client.id() as i32;
+    // A user of its own, and a bound on how many processes it may run (a fork bomb's).
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let most = format!("{}", procs::CLIENT_PROCESSES);
+    assert!(
+        limits
+            .lines()
+            .any(|l| l.starts_with("Max processes") && l.split_whitespace().nth(2) == Some(&most)),
+        "{limits}"
+    );
     let (done, finished) = std::sync::mpsc::channel();
     let raw = uid.as_raw();
     std::thread::spawn(move || {

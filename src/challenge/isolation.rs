@@ -99,13 +99,20 @@ impl Isolation {
     /// What the heading says of it.
     pub fn describe(&self) -> String {
         match self {
-            Isolation::OwnUser { .. } => "clients run each as a user of its own, made for \
-                 the run (lockslab runs as root), in a session of its own with a scrubbed \
-                 environment"
-                .to_string(),
+            Isolation::OwnUser { .. } => format!(
+                "clients run each as a user of its own, made for the run (lockslab runs as \
+                 root), in a session of its own with a scrubbed environment; {}",
+                if crate::freezer::available() {
+                    "pauses freeze each client's cgroup"
+                } else {
+                    "pauses are SIGSTOP, which a client can undo (no writable cgroup v1 \
+                     freezer here)"
+                }
+            ),
             Isolation::Sandbox { .. } => "clients run sandboxed (bwrap: user, PID and mount \
                  namespaces; lockslab's state, temp and server directories hidden), each in a \
-                 session of its own with a scrubbed environment"
+                 session of its own with a scrubbed environment; pauses are SIGSTOP, which a \
+                 client can undo"
                 .to_string(),
             Isolation::Trusted { why } => format!(
                 "the clients are trusted: they run as you and can read what lockslab can, so \

@@ -817,6 +817,31 @@ pub struct Strike {
 }
 
 impl Strike {
+    /// A kill at the client's `released` note is the one that falls after the job's commit
+    /// and before its answer, where a job done but not answered is done twice once resent.
+    /// If the job's change came only after the kill (done by the client it was resent to),
+    /// the client said `released` before it wrote: that kill cut a job short before its
+    /// write, as the others do, and the moment it stands for was never tested.
+    fn released_before_its_write(&self, job: i64, changes: &[Change]) -> Option<String> {
+        if !self.released || self.at_us == 0 {
+            return None;
+        }
+        let mut landed = changes.iter().filter(|c| c.job == Some(job));
+        let mut times = landed.clone().filter_map(|c| c.at_us);
+        if times.any(|at_us| at_us < self.at_us) {
+            return None;
+        }
+        let later = landed.find(|c| c.at_us.is_some_and(|at_us| at_us >= self.at_us))?;
+        Some(format!(
+            "{} {} after it said released for job {job}, but job {job}'s change came after the \
+             kill (change #{}): its `released` came before its write, so no kill fell between \
+             a commit and its answer",
+            self.verb(),
+            self.client,
+            later.seq
+        ))
+    }
+
     /// Why the fault did not bite, or nothing if it did. A kill bites if its client held a
     /// job it had not answered. A pause or a delay bites if the job's write was still to
     /// come when it began, and then was refused (fenced out), or another client's change
@@ -830,9 +855,12 @@ impl Strike {
             ));
         };
         if self.fault == "kill" {
-            return self.answered.then(|| {
-                format!("{verb} {who} between jobs (it had answered job {job}): it held no job")
-            });
+            if self.answered {
+                return Some(format!(
+                    "{verb} {who} between jobs (it had answered job {job}): it held no job"
+                ));
+            }
+            return self.released_before_its_write(job, changes);
         }
         if self.at_commit {
             return self.commit_missed(job, jobs, changes);
@@ -3264,6 +3292,37 @@ mod tests {
         assert_eq!(check(&run).grade(), Grade::Pass);
         // A client that holds no lock leaves none stuck: the bound is not its question.
         (run.strikes[0].notes, run.strikes[0].lockless) = (false, true);
+        assert_eq!(check(&run).grade(), Grade::Pass);
+    }
+
+    /// A kill at `released` stands for the one between a job's commit and its answer. A
+    /// client that says `released` before it writes (the hostile tester's `crashlie`) is
+    /// killed before its write there instead, and the moment is never tested: missed.
+    #[test]
+    fn a_kill_at_a_released_note_that_came_before_the_write_missed() {
+        let mut run = clean_run();
+        // Job 2's change is #2, committed at 2s.
+        let kill_at = |at_us: i64| Strike {
+            fault: "kill".into(),
+            client: "c2".into(),
+            job: Some(2),
+            notes: true,
+            released: true,
+            at_us,
+            ..Strike::default()
+        };
+        run.strikes = vec![kill_at(2_500_000)];
+        assert_eq!(check(&run).grade(), Grade::Pass, "killed after the commit");
+        run.strikes = vec![kill_at(1_500_000)];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Undecided);
+        let said = report.undecided.join("\n");
+        assert!(
+            said.contains("its `released` came before its write"),
+            "{said}"
+        );
+        // Killed mid-job at another note: a kill before the write is what it aims at.
+        run.strikes[0].released = false;
         assert_eq!(check(&run).grade(), Grade::Pass);
     }
 }

@@ -12,7 +12,7 @@
 //!  client ─ UPDATE … ─▶ proxy   (idle: every earlier request answered)
 //!                        ├─▶ BEGIN; SET LOCAL statement_timeout …; mark the log's end
 //!                        ├─▶ the client's own bytes, as they came
-//!                        ├─▶ rows this session updated since the mark
+//!                        ├─▶ rows this session changed since the mark
 //!                        └─▶ ROLLBACK          (in a transaction of the client's: a savepoint)
 //!  server answers ────▶ read and kept from the client, to the last ReadyForQuery
 //!  then the write goes on as before: to the gate, to its fault, or straight through
@@ -120,13 +120,14 @@ struct Talk {
     completed_unknown: bool,
 }
 
-/// How the try asks the server what the write did: SQL for the end of the server's log of
-/// statements now, and a function of that mark giving the rows this session's statements
-/// updated in the watched table since (both run as the client's role).
+/// How the try asks the server what the write did: a function that marks the end of the
+/// server's log of statements under a nonce, and one that gives, for that nonce, the rows
+/// this session's statements changed in the watched table since (both run as the client's
+/// role).
 #[derive(Clone, Debug)]
 pub struct Probe {
-    pub mark: String,
-    pub rows_since: String,
+    pub begins: String,
+    pub changed: String,
 }
 
 /// The try in flight: which of its four answers the server is on, what it read so far.
@@ -386,15 +387,15 @@ impl Listening {
 /// (`I`) or inside a transaction of its own (`T`). Every name is schema-qualified: the
 /// client's search path is its own.
 pub(super) fn around(probe: &Probe, status: u8, held: &[u8]) -> Vec<u8> {
-    let Probe { mark, rows_since } = probe;
+    let Probe { begins, changed } = probe;
+    // Hex only: nothing to quote.
+    let nonce = crate::seed::os_hex(16);
     let limits = format!(
         "SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; \
          SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}; \
-         SELECT pg_catalog.set_config('lockslab.try_mark', ({mark})::pg_catalog.text, true)"
+         SELECT {begins}('{nonce}')"
     );
-    let count = format!(
-        "SELECT {rows_since}(pg_catalog.current_setting('lockslab.try_mark')::pg_catalog.int8)"
-    );
+    let count = format!("SELECT {changed}('{nonce}')");
     let (open, close) = if status == b'T' {
         (
             format!("SAVEPOINT lockslab_try; {limits}"),

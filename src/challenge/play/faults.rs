@@ -315,17 +315,26 @@ impl Run<'_> {
                 }
                 let seat = &self.seats[index];
                 let current = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
-                self.strikes.push(Strike {
+                // Killed at its `released` note: the kill that should fall between a
+                // commit and its answer (graded as missed if the job's change came later).
+                let released = current.is_some()
+                    && (self.moments.iter().rev())
+                        .find(|m| m.client == name && m.what != Moment::Killed)
+                        .is_some_and(|m| m.what == Moment::Released);
+                let mut strike = Strike {
                     fault: "kill".into(),
                     client: name.clone(),
                     job: current.or(seat.last_job),
                     answered: current.is_none() && seat.last_job.is_some(),
                     notes: seat.notes,
                     lockless: !seat.lock,
+                    released,
                     ..Strike::default()
-                });
+                };
                 self.killed.insert(name.clone());
                 self.play(action, format!("kills {name} (SIGKILL) mid-job"))?;
+                strike.at_us = crate::challenge::table::clock_us(&mut self.clock)?;
+                self.strikes.push(strike);
                 self.faults_played += 1;
                 self.played.push((name.clone(), Fault::Kill));
                 let orphan = self.seats[index].job.take().map(|(job, _)| job);
