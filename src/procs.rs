@@ -496,25 +496,7 @@ pub(crate) fn descendants(pid: i32) -> Vec<i32> {
 /// backend, say, under a spared postmaster) would be under no spared process in the first
 /// and below `pid` in the second.
 pub(crate) fn descendants_but(pid: i32, spared: &std::collections::BTreeSet<i32>) -> Vec<i32> {
-    let parents = parents();
-    let mut found = Vec::new();
-    let mut frontier = vec![pid];
-    while let Some(parent) = frontier.pop() {
-        for &(child, ppid) in &parents {
-            if ppid == parent && !spared.contains(&child) && !found.contains(&child) {
-                found.push(child);
-                frontier.push(child);
-            }
-        }
-    }
-    found
-}
-
-/// Every process with its parent, `(pid, ppid)`, from one reading of /proc.
-fn parents() -> Vec<(i32, i32)> {
-    (parents_and_groups().into_iter())
-        .map(|(process, ppid, _)| (process, ppid))
-        .collect()
+    descendants_in(&parents_and_groups(), pid, spared)
 }
 
 /// Every process with its parent and its process group, `(pid, ppid, pgid)`, from one
@@ -537,13 +519,18 @@ fn parents_and_groups() -> Vec<(i32, i32, i32)> {
         .collect()
 }
 
-/// Every process below `pid` in one reading of the table of [`parents_and_groups`].
-fn descendants_in(table: &[(i32, i32, i32)], pid: i32) -> Vec<i32> {
+/// Every process below `pid` but those below the `spared` ones (and those themselves), in
+/// one reading of the table of [`parents_and_groups`].
+fn descendants_in(
+    table: &[(i32, i32, i32)],
+    pid: i32,
+    spared: &std::collections::BTreeSet<i32>,
+) -> Vec<i32> {
     let mut found = Vec::new();
     let mut frontier = vec![pid];
     while let Some(parent) = frontier.pop() {
         for &(child, ppid, _) in table {
-            if ppid == parent && !found.contains(&child) {
+            if ppid == parent && !spared.contains(&child) && !found.contains(&child) {
                 found.push(child);
                 frontier.push(child);
             }
@@ -608,9 +595,9 @@ fn reap_stray_children() {
 
 /// The processes whose parent is `pid`, read from /proc.
 fn children_of(pid: i32) -> Vec<i32> {
-    (parents().into_iter())
-        .filter(|&(_, ppid)| ppid == pid)
-        .map(|(child, _)| child)
+    (parents_and_groups().into_iter())
+        .filter(|&(_, ppid, _)| ppid == pid)
+        .map(|(child, _, _)| child)
         .collect()
 }
 
@@ -686,20 +673,19 @@ impl FrozenFamily {
         // Until a reading finds nobody new: a process may have forked before it stopped.
         loop {
             let table = parents_and_groups();
-            let found: Vec<i32> = (table.iter())
-                .filter(|&&(process, _, pgid)| pgid == pid && !members.contains(&process))
-                .map(|&(process, _, _)| process)
-                .chain(descendants_in(&table, pid))
-                .filter(|process| !members.contains(process))
-                .collect();
-            if found.is_empty() {
-                break;
-            }
-            for &process in &found {
-                let _ = kill(Pid::from_raw(process), Signal::SIGSTOP);
+            let in_group = (table.iter())
+                .filter(|&&(_, _, pgid)| pgid == pid)
+                .map(|&(process, _, _)| process);
+            let below = descendants_in(&table, pid, &std::collections::BTreeSet::new());
+            let known = members.len();
+            for process in in_group.chain(below) {
                 if !members.contains(&process) {
+                    let _ = kill(Pid::from_raw(process), Signal::SIGSTOP);
                     members.push(process);
                 }
+            }
+            if members.len() == known {
+                break;
             }
         }
         let mut segments: Vec<std::path::PathBuf> = Vec::new();

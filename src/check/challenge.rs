@@ -826,19 +826,18 @@ impl Strike {
         if !self.released || self.at_us == 0 {
             return None;
         }
-        let mut landed = changes.iter().filter(|c| c.job == Some(job));
-        let mut times = landed.clone().filter_map(|c| c.at_us);
-        if times.any(|at_us| at_us < self.at_us) {
+        let landed = (changes.iter()).filter(|c| c.job == Some(job) && c.at_us.is_some());
+        let first = landed.min_by_key(|c| c.at_us)?;
+        if first.at_us < Some(self.at_us) {
             return None;
         }
-        let later = landed.find(|c| c.at_us.is_some_and(|at_us| at_us >= self.at_us))?;
         Some(format!(
             "{} {} after it said released for job {job}, but job {job}'s change came after the \
              kill (change #{}): its `released` came before its write, so no kill fell between \
              a commit and its answer",
             self.verb(),
             self.client,
-            later.seq
+            first.seq
         ))
     }
 

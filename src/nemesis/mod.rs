@@ -252,22 +252,21 @@ impl Nemesis {
         let pid = alive_pid(victim)?;
         history.record(fault_event(fault, &victim.label(), pid, note));
         self.paused.insert(pid, Active::now(victim));
-        if let Some(freezer) = victim.freezer() {
-            // Frozen first, whether or not it stays stopped (a SIGCONT of its own wakes it):
-            // a frozen process can neither fork nor stop the helper that stops its user.
-            if !crate::freezer::freeze(&freezer) {
-                bail!("{} (pid {pid}) did not freeze within 5s", victim.label());
-            }
-            procs::signal_group(pid, Signal::SIGSTOP)?;
-            if let Some(uid) = victim.user() {
-                procs::signal_every_process_of(uid, Signal::SIGSTOP);
-            }
-            return Ok(());
+        let freezer = victim.freezer();
+        // Frozen first, whether or not it stays stopped (a SIGCONT of its own wakes it): a
+        // frozen process can neither fork nor stop the helper that stops its user.
+        if let Some(freezer) = &freezer
+            && !crate::freezer::freeze(freezer)
+        {
+            bail!("{} (pid {pid}) did not freeze within 5s", victim.label());
         }
         procs::signal_group(pid, Signal::SIGSTOP)?;
-        if let Some(uid) = victim.user()
-            && !procs::signal_every_process_of(uid, Signal::SIGSTOP)
-        {
+        let user_stopped =
+            (victim.user()).is_none_or(|uid| procs::signal_every_process_of(uid, Signal::SIGSTOP));
+        if freezer.is_some() {
+            return Ok(());
+        }
+        if !user_stopped {
             bail!(
                 "{} (pid {pid}): not every process of its user could be stopped",
                 victim.label()

@@ -310,17 +310,14 @@ impl Run<'_> {
             }
             Fault::Delay => self.aim_delay(index, action)?,
             Fault::Kill => {
+                // Killed at its `released` note: the kill that should fall between a
+                // commit and its answer (graded as missed if the job's change came later).
+                let released = self.said_released(index);
                 if let Some((job, _)) = self.seats[index].job {
                     self.moment(&name, job, Moment::Killed);
                 }
                 let seat = &self.seats[index];
                 let current = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
-                // Killed at its `released` note: the kill that should fall between a
-                // commit and its answer (graded as missed if the job's change came later).
-                let released = current.is_some()
-                    && (self.moments.iter().rev())
-                        .find(|m| m.client == name && m.what != Moment::Killed)
-                        .is_some_and(|m| m.what == Moment::Released);
                 let mut strike = Strike {
                     fault: "kill".into(),
                     client: name.clone(),
@@ -378,6 +375,15 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// The client at `index` holds a job and its last note of it was `released`.
+    fn said_released(&self, index: usize) -> bool {
+        let seat = &self.seats[index];
+        seat.job.is_some_and(|(job, _)| job > 0)
+            && (self.moments.iter().rev())
+                .find(|m| m.client == seat.client.name)
+                .is_some_and(|m| m.what == Moment::Released)
+    }
+
     /// A pause or a delay as it began (the schedule's `action`): the job its client had,
     /// whether it had let that job's lock go, the order it plays when a newer holder comes,
     /// and the database's clock — whether it bit is read from the log.
@@ -401,13 +407,7 @@ impl Run<'_> {
         let note_us = seat
             .heard_at
             .map(|at| base_us + at.saturating_duration_since(base).as_micros() as i64);
-        let released = current.is_some()
-            && self
-                .moments
-                .iter()
-                .rev()
-                .find(|m| m.client == client)
-                .is_some_and(|m| m.what == Moment::Released);
+        let released = self.said_released(index);
         let at_us = crate::challenge::table::clock_us(&mut self.clock)?;
         let kind = if fault == "pause" {
             Fault::Pause
