@@ -17,54 +17,31 @@ struct Bench {
     client: Option<Client>,
     other: Client,
     table: String,
+    schema: String,
 }
 
 impl Bench {
     fn new(name: &str) -> Bench {
         let url = &servers().postgres;
-        let table = format!("lockslab_try_{name}_{}", std::process::id());
+        let schema = format!("lockslab_try_{name}_{}", std::process::id());
+        let table = format!("{schema}.records");
         let mut other = Client::connect(url, NoTls).unwrap();
         other
-            .batch_execute(&format!(
-                "DROP TABLE IF EXISTS {table};
-                 DROP TABLE IF EXISTS {table}_log;
-                 CREATE TABLE {table} (record text PRIMARY KEY, value bigint NOT NULL);
-                 INSERT INTO {table} VALUES ('r0', 0), ('r1', 0);
-                 CREATE TABLE {table}_log (seq bigserial, pid int, rows bigint, changed bigint);
-                 CREATE FUNCTION {table}_logged() RETURNS trigger LANGUAGE plpgsql AS $$
-                 BEGIN
-                     INSERT INTO {table}_log (pid, rows, changed)
-                         SELECT pg_backend_pid(), count(*),
-                                count(*) FILTER (WHERE o IS DISTINCT FROM n)
-                         FROM touched n JOIN untouched o USING (record);
-                     RETURN NULL;
-                 END $$;
-                 CREATE TRIGGER logged AFTER UPDATE ON {table}
-                     REFERENCING OLD TABLE AS untouched NEW TABLE AS touched
-                     FOR EACH STATEMENT EXECUTE FUNCTION {table}_logged();
-                 CREATE TABLE {table}_tries (pid int, nonce text, mark bigint);
-                 CREATE FUNCTION {table}_begins(nonce text) RETURNS void LANGUAGE sql AS
-                 $$ INSERT INTO {table}_tries
-                        SELECT pg_backend_pid(), nonce, coalesce(max(seq), 0) FROM {table}_log $$;
-                 CREATE FUNCTION {table}_changed(nonce text) RETURNS bigint LANGUAGE sql AS
-                 $$ SELECT (SELECT coalesce(sum(l.changed), 0)::bigint FROM {table}_log l
-                            WHERE l.seq > t.mark AND l.pid = t.pid)
-                    FROM {table}_tries t
-                    WHERE t.pid = pg_backend_pid() AND t.nonce = {table}_changed.nonce $$;"
-            ))
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
             .unwrap();
+        // The run's own records, logs and try functions: what a challenge grades from.
+        let records = ["r0".to_string(), "r1".to_string()];
+        let probe = lockslab::challenge::create_records_for_tests(url, &schema, &records).unwrap();
         let proxy = Proxy::start("test→postgres", proxy::upstream_of(url).unwrap()).unwrap();
         proxy.watch_writes(&table);
-        proxy.try_writes(Probe {
-            begins: format!("{table}_begins"),
-            changed: format!("{table}_changed"),
-        });
+        proxy.try_writes(probe);
         let client = Client::connect(&proxy::through(url, proxy.addr()).unwrap(), NoTls).unwrap();
         Bench {
             proxy,
             client: Some(client),
             other,
             table,
+            schema,
         }
     }
 
@@ -140,11 +117,8 @@ fn caught(proxy: &Proxy) -> Vec<Seen> {
 impl Drop for Bench {
     fn drop(&mut self) {
         self.proxy.stop();
-        let table = &self.table;
-        let _ = (self.other).batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}, {table}_log, {table}_tries;
-             DROP FUNCTION IF EXISTS {table}_logged, {table}_begins, {table}_changed;"
-        ));
+        let schema = &self.schema;
+        let _ = (self.other).batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
     }
 }
 
@@ -160,16 +134,21 @@ fn a_write_that_matches_nothing_goes_by_and_the_one_that_changes_the_records_is_
     let simple = format!("UPDATE {table} SET value = 9 WHERE record = 'r9'");
     let sent = bench.send(simple);
     bench.answered_at_once(sent).unwrap();
-    // A row updated to what it was: no job's effect (the hostile tester's `SET fence =
-    // fence … AND clock_timestamp() < deadline`, sent ahead of a blind write to take the
-    // fault there).
+    // A row updated to what it was: no job's effect.
     let same = format!("UPDATE {table} SET value = value WHERE record = 'r0'");
     let sent = bench.send(same);
     bench.answered_at_once(sent).unwrap();
+    // A claim of the row — a new fence, and nothing the log of changes records: the hostile
+    // tester's `SET fence = fence + 1 … AND clock_timestamp() < deadline`, sent ahead of a
+    // blind write to take the fault there, and then refused by the database's clock. The
+    // fault waits for the write that changes the value, the items or the job.
+    let claim = format!("UPDATE {table} SET fence = coalesce(fence, 0) + 1 WHERE record = 'r0'");
+    let sent = bench.send(claim);
+    bench.answered_at_once(sent).unwrap();
     assert_eq!(
         bench.seen(),
-        vec![Seen::WriteChangedNothing; 3],
-        "no row matched, or none changed: nothing held"
+        vec![Seen::WriteChangedNothing; 4],
+        "no row matched, or none changed what the log records: nothing held"
     );
     assert_eq!(bench.proxy.fault(Direction::Up), Some(NetFault::HoldWrite));
     // The write that changes r0 is caught, tried, and held; its try left no trace.
@@ -242,7 +221,11 @@ fn a_fault_at_the_commit_lets_the_commit_of_nothing_by_and_holds_the_commit_of_a
         bench.answered_at_once(sent).unwrap();
     }
     // A change of another table in the block (the client's own) is no change of the records.
-    let own = format!("INSERT INTO {table}_log (pid, rows) VALUES (0, 0)");
+    let schema = bench.schema.clone();
+    (bench.other)
+        .batch_execute(&format!("CREATE TABLE {schema}.own (x int)"))
+        .unwrap();
+    let own = format!("INSERT INTO {schema}.own VALUES (0)");
     for sql in ["BEGIN".to_string(), decoy, own, "COMMIT".to_string()] {
         let sent = bench.send(sql);
         bench.answered_at_once(sent).unwrap();

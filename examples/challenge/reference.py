@@ -39,6 +39,7 @@
     lockslab challenge pause   -- python3 examples/challenge/reference.py unlock-early # fails
     lockslab challenge delay   -- python3 examples/challenge/reference.py del-early # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck-decoy # never passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py deadline-decoy # never passes
 
 Every mode reads the record's value and items, and writes value + add and the
 items with the job's entry (`append`) at the end, in one UPDATE.
@@ -171,6 +172,15 @@ lastcheck-decoy lastcheck that sends, before its check, UPDATEs of the records t
         or the Nth, would land on one and the check would come after. lockslab tries
         each write first (rolled back) and lets those that match nothing by: never a
         pass.
+deadline-decoy setnx that, before its write, sends UPDATEs that claim the row
+        (`SET fence = fence + 1`) only while the database's clock is before a
+        deadline it took when it read (`AND clock_timestamp() < ...`), one more each
+        job than any job before; if one of them matches nothing, it answers `fail`
+        and never writes. A fault aimed at the first write that changes a row would
+        land on one of these, which the clock then refuses: the client would seem
+        fenced out. lockslab aims at the first write that changes a record's value,
+        items or job (what the log of changes records), so the fault lands on the
+        unguarded write after them: never a pass.
 unlock-early the lock is a session advisory lock, asked with pg_try_advisory_lock every
         20ms (as try-advisory) in the job's transaction, and let go with
         pg_advisory_unlock after the UPDATE but before the COMMIT. Between the unlock
@@ -200,7 +210,7 @@ import redis
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
          "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck", "lastcheck-select",
-         "lastcheck-decoy",
+         "lastcheck-decoy", "deadline-decoy",
          "optimistic", "optimistic-fail", "for-update", "advisory", "try-advisory", "nowait",
          "outlast", "claimed-retry", "advisory-timeout", "serializable", "repeatable-read",
          "unlock-early", "del-early")
@@ -209,11 +219,13 @@ EARLY, QUIET = MODE == "early", MODE == "quiet"
 LIAR, SHUFFLED = MODE == "liar", MODE == "shuffled"
 LASTCHECK, SELECT_FIRST = MODE.startswith("lastcheck"), MODE == "lastcheck-select"
 DECOY = MODE == "lastcheck-decoy"
+DEADLINE_DECOY = MODE == "deadline-decoy"
 CLAIM_RETRY = MODE == "claimed-retry"
 RETRY = MODE == "optimistic"
 DEL_EARLY = MODE == "del-early"
 MODE = {"del-early": "setnx", "early": "setnx", "quiet": "fenced", "liar": "setnx", "shuffled": "long",
         "lastcheck": "setnx", "lastcheck-select": "setnx", "lastcheck-decoy": "setnx",
+        "deadline-decoy": "setnx",
         "optimistic-fail": "optimistic", "claimed-retry": "claimed"}.get(MODE, MODE)
 NOTES = ("acquired", "writing", "released")
 
@@ -532,6 +544,10 @@ def do(job, token):
             if fence is not None and fence > token:
                 return False
         else:
+            if DEADLINE_DECOY:  # most of the lease, on the database's clock
+                cur.execute("SELECT clock_timestamp() + %s * interval '1 millisecond'",
+                            (ttl * 0.8,))
+                (deadline,) = cur.fetchone()
             if EARLY:
                 say(type="writing", job=job["id"])  # the lie: before the read
             cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
@@ -551,6 +567,14 @@ def do(job, token):
             for _ in range(r.incr(f"{prefix}decoys")):
                 cur.execute(f"UPDATE {table} SET value = value WHERE record = %s AND false",
                             (job["record"],))
+        if DEADLINE_DECOY:  # claims that only the database's clock can refuse
+            for _ in range(r.incr(f"{prefix}decoys")):
+                cur.execute(f"UPDATE {table} SET fence = coalesce(fence, 0) + 1"
+                            " WHERE record = %s AND clock_timestamp() < %s",
+                            (job["record"], deadline))
+                db.commit()  # each on its own: no row lock held from one to the next
+                if cur.rowcount == 0:
+                    return False  # "fenced out": in truth, the clock said it was late
         if LASTCHECK and not still_mine(job["record"]):
             return False  # the guard: the lock is gone or nearly, so do not write
         cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"

@@ -110,6 +110,20 @@ pub struct ChallengeArgs {
 }
 
 /// `lockslab challenge …`.
+/// The records of a run in `schema` — each at 0 — with the log of changes, the log of
+/// statements and the functions a proxy tries a caught write with: what the proxy tests
+/// exercise against, the very tables a run grades from.
+pub fn create_records_for_tests(
+    url: &str,
+    schema: &str,
+    records: &[String],
+) -> Result<crate::proxy::Probe> {
+    let mut db = crate::connect::postgres(url)?;
+    table::create(&mut db, schema, records)?;
+    table::create_statement_log(&mut db, schema)?;
+    Ok(table::try_probe(schema))
+}
+
 pub fn run(args: &ChallengeArgs) -> Result<Exit> {
     let challenge = Challenge::ALL.into_iter().find(|c| c.name() == args.name);
     if challenge.is_none() && args.name != "list" {

@@ -408,10 +408,11 @@ pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals
 
 /// Adds to a run's schema the evidence of statements, beside the log of changes: each
 /// change's session (backend pid), and every `UPDATE` that reaches the records, rows or
-/// none, with its session, its time and how many rows it updated — a statement-level
-/// trigger fires on a statement that matched nothing, where a row trigger does not. So a
-/// compare-and-set or a fenced write refused after a fault is seen to have run and changed
-/// nothing. Written as the owner (`SECURITY DEFINER`, its `search_path` pinned): the
+/// none, with its session, its time, how many rows it updated and in how many of them it
+/// changed what the log of changes records (value, items, job: a job's effect; a claim's
+/// new fence is none) — a statement-level trigger fires on a statement that matched
+/// nothing, where a row trigger does not. So a compare-and-set or a fenced write refused
+/// after a fault is seen to have run and changed nothing. Written as the owner (`SECURITY DEFINER`, its `search_path` pinned): the
 /// clients' role has no right on it. A statement rolled back leaves no trace here.
 pub fn create_statement_log(db: &mut PgClient, schema: &str) -> Result<()> {
     db.batch_execute(&format!(
@@ -428,7 +429,8 @@ pub fn create_statement_log(db: &mut PgClient, schema: &str) -> Result<()> {
          BEGIN
              INSERT INTO {schema}.statements (pid, rows, changed)
                  SELECT pg_catalog.pg_backend_pid(), pg_catalog.count(*),
-                        pg_catalog.count(*) FILTER (WHERE o IS DISTINCT FROM n)
+                        pg_catalog.count(*) FILTER (WHERE (o.value, o.items, o.job)
+                            IS DISTINCT FROM (n.value, n.items, n.job))
                  FROM touched n JOIN untouched o USING (record);
              RETURN NULL;
          END $$;
@@ -456,9 +458,12 @@ pub fn create_statement_log(db: &mut PgClient, schema: &str) -> Result<()> {
     .context("creating the log of statements")
 }
 
-/// How a client's proxy asks, trying a caught write, how many rows of the records it
-/// changed (a row updated to what it was, `SET fence = fence` say, changed nothing; a
-/// claim's new fence did): from the statement log, counted for the
+/// How a client's proxy asks, trying a caught write, in how many rows of the records it
+/// changed a value, items or job — a job's effect. A row updated to what it was changed
+/// nothing; nor did a claim's new fence, nor any write that only guards the one to come: so
+/// the fault waits for the write that carries the effect, and a client cannot keep it on a
+/// guard of its own sent first (a claim its database clock refuses once late, say) while an
+/// unguarded write follows. Counted from the statement log, for the
 /// client's own session only (so another client's writes meanwhile are not counted),
 /// through the two functions above — the clients' role may run them and read nothing else
 /// of the log. Each try is named by a nonce of the proxy's that the client never sees: the
@@ -489,7 +494,7 @@ pub fn read_statements(
     let statements = db
         .query(
             &format!(
-                "SELECT pid, {}, rows FROM {schema}.statements ORDER BY seq",
+                "SELECT pid, {}, rows, changed FROM {schema}.statements ORDER BY seq",
                 epoch_us("at")
             ),
             &[],
@@ -500,6 +505,7 @@ pub fn read_statements(
             pid: row.get(0),
             at_us: row.get(1),
             rows: row.get(2),
+            changed: Some(row.get(3)),
             aborted: None,
         })
         .collect();

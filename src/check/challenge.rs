@@ -99,6 +99,12 @@ pub struct Statement {
     pub pid: i32,
     pub at_us: i64,
     pub rows: i64,
+    /// Of those rows, how many it changed in what the log of changes records — value, items
+    /// or job. A claim (`SET fence = …`) updates a row and changes none of them; so does a
+    /// row set to what it was. None: a recording from before lockslab counted them (or an
+    /// abort), read as `rows`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed: Option<i64>,
     /// The server's words (SQLSTATE and message) for the conflict that ended the
     /// transaction, when this is such an abort rather than a logged UPDATE.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -504,9 +510,11 @@ fn newer_refused(
 /// When its proxy read the session its held write went to, the refusal is read there
 /// alone: that session's UPDATEs from the fault on — to the next fault on the client (a
 /// fault follows its job) or its answer — are the held write and what came after it on
-/// that connection, and they must all have matched nothing. An UPDATE that matched nothing
-/// on another connection, or after a held write that changed the records, is no refusal of
-/// the held write.
+/// that connection. The first is the held write: it must have changed no value, items or
+/// job (matched no row, or set a row to what it was), and so must everything after it —
+/// a retry's claim of the row (a new fence) may come before the retry's write is held in
+/// turn. An UPDATE that matched nothing on another connection, or after a held write that
+/// changed the records, is no refusal of the held write.
 fn matched_nothing(
     strike: &Strike,
     sessions: &BTreeMap<String, BTreeSet<i32>>,
@@ -521,7 +529,7 @@ fn matched_nothing(
     if let Some(after) = held_answers(strike, statements, deliveries, next_on_client_us, margin_us)
     {
         let mut after = after.peekable();
-        return after.peek().is_some() && after.all(|s| s.rows == 0);
+        return after.peek().is_some() && after.all(|s| s.changed.unwrap_or(s.rows) == 0);
     }
     let until = answered_by(strike, deliveries, margin_us);
     let own = sessions.get(&strike.client);
@@ -2474,6 +2482,7 @@ mod tests {
             pid,
             at_us,
             rows,
+            changed: None,
             aborted: None,
         };
         // The held write (session 7) changed a row; 0 rows came from session 6.
@@ -2485,6 +2494,18 @@ mod tests {
             (check(&run).grade(), check(&run).faults_bit),
             (Grade::Pass, 1)
         );
+        // Refused, then the retry claims the row (a new fence: a row updated, no value,
+        // items or job changed) before its own write is held in turn: still refused.
+        let counted = |pid, at_us, rows, changed| Statement {
+            changed: Some(changed),
+            ..statement(pid, at_us, rows)
+        };
+        run.statements = vec![counted(7, 900_000, 0, 0), counted(7, 950_000, 1, 0)];
+        assert_eq!(check(&run).faults_bit, 1, "{:?}", check(&run));
+        // But a held write that ran and changed the value is no refusal, whatever follows.
+        run.statements = vec![counted(7, 900_000, 1, 1), counted(7, 950_000, 0, 0)];
+        assert_eq!(check(&run).faults_bit, 0, "{:?}", check(&run));
+        run.statements = vec![statement(7, 900_000, 0)];
         // Job 2's change was made in session 8, which neither proxy opened.
         run.changes[1].pid = Some(8);
         let proxies = [("c1", 7), ("c2", 5)].map(|(c, pid)| (c.to_string(), BTreeSet::from([pid])));
@@ -2598,6 +2619,7 @@ mod tests {
             pid: 7,
             at_us: 1_600_000,
             rows: 0,
+            changed: None,
             aborted: Some("40001: could not serialize access".into()),
         };
         run.statements = vec![abort];
@@ -2735,6 +2757,7 @@ mod tests {
             // found (40001, in its answer to the write): refused, though it was never tried.
             unweighed.strikes[0].held_session = Some(6);
             unweighed.statements = vec![Statement {
+                changed: None,
                 aborted: Some("40001: could not serialize access".into()),
                 ..refusal(6, 900_000)
             }];
@@ -2754,6 +2777,7 @@ mod tests {
             decoy.strikes[0].tried = Some(Tried::ChangesNothing);
             decoy.strikes[0].held_session = Some(6);
             decoy.statements = vec![Statement {
+                changed: None,
                 aborted: Some("40001: could not serialize access".into()),
                 ..refusal(6, 900_000)
             }];

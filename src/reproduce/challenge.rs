@@ -275,6 +275,7 @@ mod tests {
             pid,
             at_us,
             rows,
+            changed: None,
             aborted: aborted.map(str::to_string),
         };
         let log = LogBack {

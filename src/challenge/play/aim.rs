@@ -459,6 +459,7 @@ impl Run<'_> {
             pid,
             at_us: self.db_us(at),
             rows: 0,
+            changed: None,
             aborted: Some(why),
         };
         self.note(&name, What::PgAborted(aborted), text);
@@ -576,7 +577,7 @@ impl Run<'_> {
         }
         let text = format!(
             "{name} sent a write that, tried in its session and rolled back, changed nothing: \
-             let by, the {} waits for a write that changes the records",
+             let by, the {} waits for a write that changes a value, items or job",
             aim.fault.as_str()
         );
         let event = crate::events::Event::new(crate::nemesis::LANE, What::Output, text);
