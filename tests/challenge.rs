@@ -801,6 +801,31 @@ fn a_check_just_before_the_write_is_caught_by_a_fault_aimed_at_the_write() {
     }
 }
 
+/// Two hostile tester's clients around which write a fault holds. `deadline-decoy` sends,
+/// ahead of a blind write, claims (a new `fence`, no effect) that the database's clock
+/// refuses once late: a fault that held the first write changing a row landed on one, and
+/// the client answered `fail` as if fenced out. A fault now holds the write carrying the
+/// job's effect, and the blind write is caught. `lateclaim` claims the row after its read:
+/// once claims went by, the worst order let the older write go only at the newer holder's
+/// effect write, after its claim had refused it, and it passed every seed; the newer holder
+/// is now held at its claim, the older write lands before it and is erased.
+#[test]
+fn a_claim_sent_ahead_of_the_write_neither_takes_the_fault_nor_dodges_the_worst_order() {
+    for (name, mode, seed) in [
+        ("pause", "deadline-decoy", 1),
+        ("delay", "deadline-decoy", 2),
+        ("delay", "lateclaim", 2),
+        ("pause", "lateclaim", 3),
+    ] {
+        let (code, verdict, _) = Reference::Python.run(name, seed, mode);
+        assert_eq!(code, 1, "{name} {mode} --seed {seed}: {verdict}");
+        assert!(
+            kinds(&verdict).iter().any(|k| k == "stale-write"),
+            "{name} {mode} --seed {seed}: {verdict}"
+        );
+    }
+}
+
 /// The hostile tester's escalating decoys that tell the try from the real run: an unfenced
 /// Redis lock sends, after its work, one more `UPDATE … SET job = job` than any job before
 /// it, each matching the row only while tried (`now()` is the try's `BEGIN`, not the

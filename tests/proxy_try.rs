@@ -172,6 +172,43 @@ fn a_write_that_matches_nothing_goes_by_and_the_one_that_changes_the_records_is_
     assert_eq!(bench.value("r0"), 5, "the real write, once");
 }
 
+/// Where lockslab holds a newer holder just before its write (the worst order), a claim
+/// counts: the newer holder's first write of the row that changes anything is held, a new
+/// fence alone too — a claim made after the read would otherwise land first and refuse the
+/// older write, and the order would test nothing (the hostile tester's `lateclaim`).
+#[test]
+fn a_newer_holder_is_held_at_its_claim_and_an_unchanged_row_still_goes_by() {
+    let mut bench = Bench::new("touch");
+    let table = bench.table.clone();
+    bench.proxy.set(Direction::Up, NetFault::HoldFirstTouch);
+    let same = format!("UPDATE {table} SET fence = fence WHERE record = 'r0'");
+    let sent = bench.send(same);
+    bench.answered_at_once(sent).unwrap();
+    assert_eq!(bench.seen(), vec![Seen::WriteChangedNothing]);
+    let sent = bench.send(format!(
+        "UPDATE {table} SET fence = 7 WHERE record = 'r0' AND (fence IS NULL OR fence < 7)"
+    ));
+    let seen = caught(&bench.proxy);
+    assert!(
+        matches!(
+            seen[..],
+            [Seen::WriteHeld {
+                tried: Tried::Claims,
+                ..
+            }]
+        ),
+        "{seen:?}"
+    );
+    let fence = |bench: &mut Bench| -> Option<i64> {
+        let sql = format!("SELECT fence FROM {table} WHERE record = 'r0'");
+        bench.other.query_one(&sql, &[]).unwrap().get(0)
+    };
+    assert_eq!(fence(&mut bench), None, "held before it ran");
+    bench.proxy.clear(Direction::Up);
+    bench.answer(sent).unwrap();
+    assert_eq!(fence(&mut bench), Some(7), "the claim, once");
+}
+
 /// The held write runs in the try with the client's rights: one that rewrites what the try
 /// counts from (a setting, built with `concat` so that no word of it shows, and set by
 /// `query_to_xml` — the hostile tester's `letby`) still counts as the change it is, and is
@@ -450,6 +487,7 @@ fn a_proxy_that_signs_in_keeps_the_logins_password_from_its_client() {
     proxy.try_writes(Probe {
         begins: "unused".into(),
         changed: "unused".into(),
+        touched: "unused".into(),
     });
     proxy.sign_in_for(proxy::SignIn {
         login: login.clone(),

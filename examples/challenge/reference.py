@@ -40,6 +40,7 @@
     lockslab challenge delay   -- python3 examples/challenge/reference.py del-early # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck-decoy # never passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py deadline-decoy # never passes
+    lockslab challenge delay   -- python3 examples/challenge/reference.py lateclaim # never passes
 
 Every mode reads the record's value and items, and writes value + add and the
 items with the job's entry (`append`) at the end, in one UPDATE.
@@ -181,6 +182,13 @@ deadline-decoy setnx that, before its write, sends UPDATEs that claim the row
         fenced out. lockslab aims at the first write that changes a record's value,
         items or job (what the log of changes records), so the fault lands on the
         unguarded write after them: never a pass.
+lateclaim claimed, with the claim in the wrong place: after the read and the work, just
+        before the write (which lands only if the row is still claimed by its token).
+        A claim after the read fences nothing: an older holder's late write that lands
+        between this holder's read and its claim is accepted (its token is still the
+        row's), and then this holder claims and writes from its stale read, erasing it.
+        The worst order holds a newer holder at its first write of the row — its claim
+        here — so the older write lands in that gap: never a pass.
 unlock-early the lock is a session advisory lock, asked with pg_try_advisory_lock every
         20ms (as try-advisory) in the job's transaction, and let go with
         pg_advisory_unlock after the UPDATE but before the COMMIT. Between the unlock
@@ -210,7 +218,7 @@ import redis
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
          "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck", "lastcheck-select",
-         "lastcheck-decoy", "deadline-decoy",
+         "lastcheck-decoy", "deadline-decoy", "lateclaim",
          "optimistic", "optimistic-fail", "for-update", "advisory", "try-advisory", "nowait",
          "outlast", "claimed-retry", "advisory-timeout", "serializable", "repeatable-read",
          "unlock-early", "del-early")
@@ -220,12 +228,13 @@ LIAR, SHUFFLED = MODE == "liar", MODE == "shuffled"
 LASTCHECK, SELECT_FIRST = MODE.startswith("lastcheck"), MODE == "lastcheck-select"
 DECOY = MODE == "lastcheck-decoy"
 DEADLINE_DECOY = MODE == "deadline-decoy"
+LATE_CLAIM = MODE == "lateclaim"
 CLAIM_RETRY = MODE == "claimed-retry"
 RETRY = MODE == "optimistic"
 DEL_EARLY = MODE == "del-early"
 MODE = {"del-early": "setnx", "early": "setnx", "quiet": "fenced", "liar": "setnx", "shuffled": "long",
         "lastcheck": "setnx", "lastcheck-select": "setnx", "lastcheck-decoy": "setnx",
-        "deadline-decoy": "setnx",
+        "deadline-decoy": "setnx", "lateclaim": "claimed",
         "optimistic-fail": "optimistic", "claimed-retry": "claimed"}.get(MODE, MODE)
 NOTES = ("acquired", "writing", "released")
 
@@ -257,6 +266,9 @@ def say(**message):
 
 init = json.loads(sys.stdin.readline())
 db = psycopg2.connect(init["postgres_url"])
+if LATE_CLAIM:  # each statement its own transaction: no COMMIT for a fault to land on
+    auto = psycopg2.connect(init["postgres_url"])
+    auto.autocommit = True
 if MODE in ("sentinel", "sequence"):
     from redis.sentinel import Sentinel
     password, timeouts = init["redis_password"], {"socket_timeout": 0.5}
@@ -341,6 +353,25 @@ def do_claimed(job, token):
                     (row[0] + job["add"], row[1] + [job["append"]], job["id"], job["record"],
                      token))
         return cur.rowcount == 1
+
+
+def do_late_claim(job, token):
+    """claimed's statements in the wrong order: read, work, claim, write. Broken."""
+    cur = auto.cursor()
+    cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+    value, items = cur.fetchone()
+    say(type="writing", job=job["id"])
+    time.sleep(job["work_ms"] / 1000)
+    # Too late: an older holder's write that landed since the read is not refused by this
+    # claim, and the write below erases it.
+    cur.execute(f"UPDATE {table} SET fence = %s WHERE record = %s"
+                " AND (fence IS NULL OR fence < %s)", (token, job["record"], token))
+    if cur.rowcount == 0:
+        return False
+    cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s"
+                " WHERE record = %s AND fence = %s",
+                (value + job["add"], items + [job["append"]], job["id"], job["record"], token))
+    return cur.rowcount == 1
 
 
 def do_checked(job, token):
@@ -519,6 +550,8 @@ def do(job, token):
         return do_unlock_early(job)
     if MODE in ("for-update", "advisory", "advisory-timeout", "try-advisory", "nowait"):
         return do_in_postgres(job)
+    if LATE_CLAIM:
+        return do_late_claim(job, token)
     if MODE == "claimed":
         return do_claimed(job, token)
     if MODE == "checked":

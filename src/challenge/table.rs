@@ -423,14 +423,16 @@ pub fn create_statement_log(db: &mut PgClient, schema: &str) -> Result<()> {
              pid integer NOT NULL,
              rows bigint NOT NULL,
              changed bigint NOT NULL,
+             touched bigint NOT NULL,
              at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp());
          CREATE FUNCTION {schema}.log_statement() RETURNS trigger LANGUAGE plpgsql
              SECURITY DEFINER SET search_path = pg_catalog AS $$
          BEGIN
-             INSERT INTO {schema}.statements (pid, rows, changed)
+             INSERT INTO {schema}.statements (pid, rows, changed, touched)
                  SELECT pg_catalog.pg_backend_pid(), pg_catalog.count(*),
                         pg_catalog.count(*) FILTER (WHERE (o.value, o.items, o.job)
-                            IS DISTINCT FROM (n.value, n.items, n.job))
+                            IS DISTINCT FROM (n.value, n.items, n.job)),
+                        pg_catalog.count(*) FILTER (WHERE o IS DISTINCT FROM n)
                  FROM touched n JOIN untouched o USING (record);
              RETURN NULL;
          END $$;
@@ -453,7 +455,13 @@ pub fn create_statement_log(db: &mut PgClient, schema: &str) -> Result<()> {
              $$ SELECT (SELECT coalesce(sum(s.changed), 0)::bigint FROM {schema}.statements s
                         WHERE s.seq > t.mark AND s.pid = t.pid)
                 FROM {schema}.tries t
-                WHERE t.pid = pg_catalog.pg_backend_pid() AND t.nonce = try_changed.nonce $$;"
+                WHERE t.pid = pg_catalog.pg_backend_pid() AND t.nonce = try_changed.nonce $$;
+         CREATE FUNCTION {schema}.try_touched(nonce text) RETURNS bigint
+             LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS
+             $$ SELECT (SELECT coalesce(sum(s.touched), 0)::bigint FROM {schema}.statements s
+                        WHERE s.seq > t.mark AND s.pid = t.pid)
+                FROM {schema}.tries t
+                WHERE t.pid = pg_catalog.pg_backend_pid() AND t.nonce = try_touched.nonce $$;"
     ))
     .context("creating the log of statements")
 }
@@ -474,6 +482,7 @@ pub fn try_probe(schema: &str) -> crate::proxy::Probe {
     crate::proxy::Probe {
         begins: format!("{schema}.try_begins"),
         changed: format!("{schema}.try_changed"),
+        touched: format!("{schema}.try_touched"),
     }
 }
 

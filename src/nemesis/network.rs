@@ -22,7 +22,9 @@ pub fn fault_of(net: NetFault) -> Fault {
         | NetFault::DelayNext { .. }
         | NetFault::DelayWrite { .. }
         | NetFault::DelayCommit { .. } => Fault::Delay,
-        NetFault::Hold | NetFault::HoldWrite | NetFault::HoldCommit => Fault::Hold,
+        NetFault::Hold | NetFault::HoldWrite | NetFault::HoldFirstTouch | NetFault::HoldCommit => {
+            Fault::Hold
+        }
         NetFault::Reset | NetFault::BlackHole => Fault::Cut,
         NetFault::DropReply => Fault::DropReply,
     }

@@ -35,8 +35,12 @@ use tokio::sync::{Notify, oneshot};
 pub enum Tried {
     /// Run when it was caught, it updated rows of the watched table.
     Changes,
-    /// Run when it was caught, it matched no row of the watched table.
+    /// Run when it was caught, it matched no row of the watched table, or changed none.
     ChangesNothing,
+    /// Run when it was caught, it changed rows of the watched table, but no value, items or
+    /// job in them: a claim (a new `fence`), not a write of a job's effect. A fault aimed at
+    /// the write lets it by; the worst order holds a newer holder at it.
+    Claims,
     /// Run when it was caught, the server refused it for a conflict it found — a
     /// serialization failure or a deadlock ([`conflict_found_by_the_server`]), its words
     /// here: at REPEATABLE READ or SERIALIZABLE, most often, the row it updates was changed
@@ -51,7 +55,7 @@ impl Tried {
     /// server refused it because its read was stale. Either way it is no write that matches
     /// nothing whenever it runs, so a refusal of it after the fault is the fault biting.
     pub fn writes(&self) -> bool {
-        matches!(self, Tried::Changes | Tried::Refused(_))
+        matches!(self, Tried::Changes | Tried::Claims | Tried::Refused(_))
     }
 }
 
@@ -127,13 +131,17 @@ struct Talk {
 #[derive(Clone, Debug)]
 pub struct Probe {
     pub begins: String,
+    /// Counts the rows whose value, items or job the try changed: a job's effect.
     pub changed: String,
+    /// Counts the rows the try changed in any column: a claim's new fence too.
+    pub touched: String,
 }
 
 /// The try in flight: which of its four answers the server is on, what it read so far.
 struct Listening {
     part: usize,
-    rows: Option<Vec<u8>>,
+    /// The two counts the try asked for, as sent: rows whose effect changed, rows changed.
+    rows: Vec<Vec<u8>>,
     trouble: Option<String>,
     /// The write itself was refused for a conflict the server found.
     refused: Option<String>,
@@ -316,7 +324,7 @@ impl Conversation {
         let (done, result) = oneshot::channel();
         self.lock().listening = Some(Listening {
             part: 0,
-            rows: None,
+            rows: Vec::new(),
             trouble: None,
             refused: None,
             updated: false,
@@ -340,7 +348,7 @@ impl Listening {
             self.updated = true;
         }
         match kind {
-            b'D' if self.part == 2 => self.rows = Some(first_column(body)),
+            b'D' if self.part == 2 => self.rows.push(first_column(body)),
             b'E' if self.trouble.is_none() => {
                 if self.part == 1 && !self.updated {
                     self.refused = conflict_found_by_the_server(body);
@@ -363,16 +371,20 @@ impl Listening {
     }
 
     fn finish(mut self, status_after: u8) {
-        let rows = (self.rows.as_deref())
-            .and_then(|rows| std::str::from_utf8(rows).ok()?.parse::<i64>().ok());
-        let tried = match (&self.trouble, rows) {
+        let count = |rows: &[u8]| std::str::from_utf8(rows).ok()?.parse::<i64>().ok();
+        let counts = match &self.rows[..] {
+            [effects, touched] => count(effects).zip(count(touched)),
+            _ => None,
+        };
+        let tried = match (&self.trouble, counts) {
             _ if status_after != self.status_before => Tried::Untried(format!(
                 "the session's status after the try ({}) is not the one before ({})",
                 status_after as char, self.status_before as char
             )),
             (Some(_), _) if let Some(conflict) = self.refused.take() => Tried::Refused(conflict),
             (Some(trouble), _) => Tried::Untried(trouble.clone()),
-            (None, Some(0)) => Tried::ChangesNothing,
+            (None, Some((0, 0))) => Tried::ChangesNothing,
+            (None, Some((0, _))) => Tried::Claims,
             (None, Some(_)) => Tried::Changes,
             (None, None) => Tried::Untried("the rows it updated were not read back".into()),
         };
@@ -387,7 +399,11 @@ impl Listening {
 /// (`I`) or inside a transaction of its own (`T`). Every name is schema-qualified: the
 /// client's search path is its own.
 pub(super) fn around(probe: &Probe, status: u8, held: &[u8]) -> Vec<u8> {
-    let Probe { begins, changed } = probe;
+    let Probe {
+        begins,
+        changed,
+        touched,
+    } = probe;
     // Hex only: nothing to quote.
     let nonce = crate::seed::os_hex(16);
     let limits = format!(
@@ -395,7 +411,8 @@ pub(super) fn around(probe: &Probe, status: u8, held: &[u8]) -> Vec<u8> {
          SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}; \
          SELECT {begins}('{nonce}')"
     );
-    let count = format!("SELECT {changed}('{nonce}')");
+    // Two rows, in this order, before one ReadyForQuery.
+    let count = format!("SELECT {changed}('{nonce}'); SELECT {touched}('{nonce}')");
     let (open, close) = if status == b'T' {
         (
             format!("SAVEPOINT lockslab_try; {limits}"),
@@ -573,13 +590,15 @@ mod tests {
         message(b'Z', &[status])
     }
 
-    /// The server's answers to a try whose write the log counts as `rows` rows.
-    fn answers(rows: &str, write: Vec<u8>) -> Vec<u8> {
+    /// The server's answers to a try whose write the log counts as `rows` rows: `effects`
+    /// of them with a value, items or job changed.
+    fn answers(effects: &str, rows: &str, write: Vec<u8>) -> Vec<u8> {
         let mut out = message(b'C', b"BEGIN\0");
         out.extend(row("17"));
         out.extend(ready(b'T'));
         out.extend(write);
         out.extend(ready(b'T'));
+        out.extend(row(effects));
         out.extend(row(rows));
         out.extend(ready(b'T'));
         out.extend(message(b'C', b"ROLLBACK\0"));
@@ -601,9 +620,10 @@ mod tests {
 
     #[test]
     fn a_try_is_read_to_its_last_answer_in_pieces_of_any_size_and_kept_from_the_client() {
-        let changed = answers("1", message(b'C', b"UPDATE 1\0"));
-        let unchanged = answers("0", message(b'C', b"UPDATE 0\0"));
-        let failed = answers("0", message(b'E', b"SERROR\0M boom\0\0"));
+        let changed = answers("1", "1", message(b'C', b"UPDATE 1\0"));
+        let unchanged = answers("0", "0", message(b'C', b"UPDATE 0\0"));
+        let claim = answers("0", "1", message(b'C', b"UPDATE 1\0"));
+        let failed = answers("0", "0", message(b'E', b"SERROR\0M boom\0\0"));
         for piece in [1, 3, 7, 1000] {
             let mut with_after = changed.clone();
             with_after.extend(message(b'N', b"later\0"));
@@ -611,6 +631,7 @@ mod tests {
             assert_eq!(tried, Tried::Changes);
             assert_eq!(forwarded, message(b'N', b"later\0"), "piece {piece}");
             assert_eq!(tried_in_pieces(&unchanged, piece).0, Tried::ChangesNothing);
+            assert_eq!(tried_in_pieces(&claim, piece).0, Tried::Claims);
             let (failed, forwarded) = tried_in_pieces(&failed, piece);
             assert!(matches!(failed, Tried::Untried(why) if why.contains("boom")));
             assert!(forwarded.is_empty());
@@ -687,14 +708,14 @@ mod tests {
 
     #[test]
     fn a_try_the_server_refuses_for_a_conflict_is_a_refused_write() {
-        let refused = answers("0", error("40001", "nodeModifyTable.c"));
+        let refused = answers("0", "0", error("40001", "nodeModifyTable.c"));
         let (tried, _) = tried_in_pieces(&refused, 3);
         assert_eq!(
             tried,
             Tried::Refused("40001: could not serialize access".into())
         );
         assert!(tried.writes());
-        let raised = answers("0", error("40001", "pl_exec.c"));
+        let raised = answers("0", "0", error("40001", "pl_exec.c"));
         let (tried, _) = tried_in_pieces(&raised, 3);
         assert!(matches!(tried, Tried::Untried(_)), "{tried:?}");
     }

@@ -90,6 +90,12 @@ pub enum NetFault {
     /// until the fault is lifted: on catching it (reported, [`Seen::WriteHeld`]) the fault
     /// becomes a [`NetFault::Hold`] (up only).
     HoldWrite,
+    /// [`NetFault::HoldWrite`] that counts any write that changes a row of the watched
+    /// table, not only one that carries a job's effect: a claim that sets only `fence` is
+    /// held too. Where lockslab holds a newer holder just before its write (the worst
+    /// order), it holds it at its claim, if it claims after its read: the older held write
+    /// must land before that claim, or the order tests nothing (up only).
+    HoldFirstTouch,
     /// [`NetFault::DelayWrite`] aimed at the commit of a write instead ([`pg`]'s notes): the
     /// `COMMIT` that ends a transaction block in which a write of the watched table was
     /// sent, or a write sent outside any block, which commits as it runs. The writes before
@@ -260,7 +266,7 @@ impl State {
     fn write_aimed(&self) -> bool {
         matches!(
             self.up,
-            Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite)
+            Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite | NetFault::HoldFirstTouch)
         )
     }
 
@@ -1180,7 +1186,13 @@ impl Pump {
     /// it said); else what the try showed.
     async fn try_or_let_by(&mut self, rest: &[u8], asked_before: u64) -> Result<Tried, Next> {
         let tried = self.try_write(rest, asked_before).await;
-        if tried != Tried::ChangesNothing {
+        let claims_held = lock(&self.shared).up == Some(NetFault::HoldFirstTouch);
+        let changes = match tried {
+            Tried::ChangesNothing => false,
+            Tried::Claims => claims_held,
+            _ => true,
+        };
+        if changes {
             return Ok(tried);
         }
         lock(&self.shared).reports.push(Report {
@@ -1264,7 +1276,7 @@ impl Pump {
                     state.up = None;
                     Some(now + Duration::from_millis(ms))
                 }
-                Some(NetFault::HoldWrite | NetFault::HoldCommit) => {
+                Some(NetFault::HoldWrite | NetFault::HoldFirstTouch | NetFault::HoldCommit) => {
                     state.up = Some(NetFault::Hold);
                     Some(now)
                 }
@@ -1396,6 +1408,7 @@ impl Pump {
             | Some(
                 NetFault::DelayWrite { .. }
                 | NetFault::HoldWrite
+                | NetFault::HoldFirstTouch
                 | NetFault::DelayCommit { .. }
                 | NetFault::HoldCommit,
             ) => {

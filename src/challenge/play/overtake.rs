@@ -1,7 +1,8 @@
 //! The worst order for a held write (`pause`, `delay`): a newer holder of the record has
 //! read it and says `writing` — lockslab has its proxy hold its next write that would change
-//! the records, lets the older holder's held write go (resumes it, or releases its bytes
-//! from its proxy), and lets the newer holder's write go once that one has been answered.
+//! the record in any column, a claim that sets only `fence` too (`NetFault::HoldFirstTouch`),
+//! lets the older holder's held write go (resumes it, or releases its bytes from its proxy),
+//! and lets the newer holder's write go once that one has been answered.
 //!
 //! ```text
 //!  c1  acquired (token 5) · reads r0 = 7 · writing ──── frozen, or its write held ────┐
@@ -129,7 +130,9 @@ impl Run<'_> {
         let Some(proxy) = &self.seats[at].proxy else {
             return Ok(());
         };
-        proxy.set(Direction::Up, NetFault::HoldWrite);
+        // At its first write of the row, a claim too: a claim made after its read lands
+        // before the older write otherwise, and refuses it — the order would test nothing.
+        proxy.set(Direction::Up, NetFault::HoldFirstTouch);
         let older_followed = (self.strikes.iter().rev())
             .find(|s| s.client == older_name && s.job == Some(older_job))
             .is_some_and(|s| s.follows);
@@ -249,6 +252,11 @@ impl Run<'_> {
         };
         overtake.held = true;
         overtake.until = Instant::now() + HOLD_AT_MOST;
+        if tried == Tried::Claims {
+            // Held at its claim: its next write is the one it computed from its read, no
+            // retry — it goes as it comes, not held for yet another holder to go first.
+            overtake.follow_the_newer = None;
+        }
         let (newer, older, older_job) =
             (overtake.newer.clone(), overtake.older.clone(), overtake.job);
         let newer_job = overtake.newer_job;
