@@ -601,7 +601,11 @@ fn replay_with(
     }
     let output = command.output().unwrap();
     let lines = json_lines(&output.stdout);
-    let verdict = lines.last().cloned().unwrap_or_default();
+    // No line at all: what it said on stderr stands in the verdict's place, for the message.
+    let verdict = lines.last().cloned().unwrap_or_else(|| {
+        let said = String::from_utf8_lossy(&output.stderr);
+        Value::String(format!("no JSON line; stderr: {said}"))
+    });
     let schedules = lines
         .into_iter()
         .filter(|line| line["kind"] == "schedule")
