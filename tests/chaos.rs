@@ -1155,8 +1155,20 @@ fn a_clock_jump_breaks_the_redis_lock_and_not_its_fenced_twin() {
             .contains("simulated: the key's TTL cut, as if the server's clock jumped"),
         "the history says the jump was simulated"
     );
-    let (code, schedules, verdict, _) = replay("redis-fenced", &schedule, "3");
-    never_broken(code, &schedules, &verdict);
+    // A busy machine can leave all three plays unknown (the jump finds the lock gone): up
+    // to three rounds, until one plays whole and safe — and no play may ever be unsafe.
+    for round in 1..=3 {
+        let (code, schedules, verdict, _) = replay("redis-fenced", &schedule, "3");
+        let played_safe = (schedules.iter()).any(|s| s["result"] == "safe" && s["unplayed"] == 0);
+        if played_safe || round == 3 {
+            never_broken(code, &schedules, &verdict);
+            break;
+        }
+        assert!(
+            schedules.iter().all(|s| s["result"] != "unsafe"),
+            "{schedules:?}"
+        );
+    }
 }
 
 /// No play of a given schedule broke the design, and at least one played every step and
@@ -1214,9 +1226,17 @@ fn a_clock_jump_on_a_bare_majority_of_masters_breaks_redlock_and_not_redlock_fen
         kinds.contains("two-holders") || kinds.contains("stale-write"),
         "{verdict}"
     );
-    let (code, mut lines) = play("redlock-fenced");
-    let verdict = lines.pop().unwrap();
-    never_broken(code, &lines, &verdict);
+    // As above: up to three rounds until one plays whole and safe; never an unsafe play.
+    for round in 1..=3 {
+        let (code, mut lines) = play("redlock-fenced");
+        let verdict = lines.pop().unwrap();
+        let played_safe = (lines.iter()).any(|s| s["result"] == "safe" && s["unplayed"] == 0);
+        if played_safe || round == 3 {
+            never_broken(code, &lines, &verdict);
+            break;
+        }
+        assert!(lines.iter().all(|s| s["result"] != "unsafe"), "{lines:?}");
+    }
 }
 
 // chaos failover of Redis (issue 25)
