@@ -109,7 +109,6 @@ pub struct ChallengeArgs {
     pub servers: ServerArgs,
 }
 
-/// `lockslab challenge …`.
 /// The records of a run in `schema` — each at 0 — with the log of changes, the log of
 /// statements and the functions a proxy tries a caught write with: what the proxy tests
 /// exercise against, the very tables a run grades from.
@@ -124,6 +123,7 @@ pub fn create_records_for_tests(
     Ok(table::try_probe(schema))
 }
 
+/// `lockslab challenge …`.
 pub fn run(args: &ChallengeArgs) -> Result<Exit> {
     let challenge = Challenge::ALL.into_iter().find(|c| c.name() == args.name);
     if challenge.is_none() && args.name != "list" {

@@ -412,8 +412,8 @@ pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals
 /// changed what the log of changes records (value, items, job: a job's effect; a claim's
 /// new fence is none) — a statement-level trigger fires on a statement that matched
 /// nothing, where a row trigger does not. So a compare-and-set or a fenced write refused
-/// after a fault is seen to have run and changed nothing. Written as the owner (`SECURITY DEFINER`, its `search_path` pinned): the
-/// clients' role has no right on it. A statement rolled back leaves no trace here.
+/// after a fault is seen to have run and changed nothing. Written as the owner (`SECURITY
+/// DEFINER`, its `search_path` pinned): the clients' role has no right on it. A statement rolled back leaves no trace here.
 pub fn create_statement_log(db: &mut PgClient, schema: &str) -> Result<()> {
     db.batch_execute(&format!(
         "ALTER TABLE {schema}.changes
@@ -473,7 +473,8 @@ pub fn create_statement_log(db: &mut PgClient, schema: &str) -> Result<()> {
 /// guard of its own sent first (a claim its database clock refuses once late, say) while an
 /// unguarded write follows. Counted from the statement log, for the
 /// client's own session only (so another client's writes meanwhile are not counted),
-/// through the two functions above — the clients' role may run them and read nothing else
+/// through the functions above (`try_touched` counts a claim too, for the worst order's
+/// hold on a newer holder) — the clients' role may run them and read nothing else
 /// of the log. Each try is named by a nonce of the proxy's that the client never sees: the
 /// log's end it starts from lives in a table the client cannot write, so the held write
 /// cannot move it (a setting could be set from inside the write itself, the hostile

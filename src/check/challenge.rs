@@ -2757,7 +2757,6 @@ mod tests {
             // found (40001, in its answer to the write): refused, though it was never tried.
             unweighed.strikes[0].held_session = Some(6);
             unweighed.statements = vec![Statement {
-                changed: None,
                 aborted: Some("40001: could not serialize access".into()),
                 ..refusal(6, 900_000)
             }];
@@ -2777,7 +2776,6 @@ mod tests {
             decoy.strikes[0].tried = Some(Tried::ChangesNothing);
             decoy.strikes[0].held_session = Some(6);
             decoy.statements = vec![Statement {
-                changed: None,
                 aborted: Some("40001: could not serialize access".into()),
                 ..refusal(6, 900_000)
             }];

@@ -86,8 +86,9 @@ pub enum NetFault {
     /// delayed by `ms`, and everything after it waits behind it; the messages before it go
     /// on time (up only). It is reported as it is caught ([`Seen::WriteHeld`]).
     DelayWrite { ms: u64 },
-    /// The next message that writes the watched table is held, with everything after it,
-    /// until the fault is lifted: on catching it (reported, [`Seen::WriteHeld`]) the fault
+    /// The next message that writes the watched table is held — tried first, and let by if it
+    /// changes no value, items or job (its try, in `dry_run`) — with everything after it, until the
+    /// fault is lifted: on catching it (reported, [`Seen::WriteHeld`]) the fault
     /// becomes a [`NetFault::Hold`] (up only).
     HoldWrite,
     /// [`NetFault::HoldWrite`] that counts any write that changes a row of the watched
